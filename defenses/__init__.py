@@ -1,0 +1,2 @@
+"""Built-in defenses. Importing this package registers them all."""
+from . import bit_depth, gaussian_noise, undefended  # noqa: F401
