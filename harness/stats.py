@@ -29,7 +29,7 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    return Interval(successes / n, float(ci.low), float(ci.high), "wilson", confidence, n)
+    return Interval(float(successes / n), float(ci.low), float(ci.high), "wilson", confidence, n)
 
 
 def bootstrap(outcomes: np.ndarray, *, confidence: float = 0.95, seed: int = 0, n_resamples: int = 10_000,
