@@ -1,18 +1,27 @@
-"""Confidence intervals for accuracies computed from per-sample 0/1 outcomes.
+"""Confidence intervals for accuracies computed from per-sample outcomes.
 
 Every function takes an explicit confidence level (and seed where it resamples) and
-returns an :class:`Interval` that names the method used.
+returns an :class:`Interval` whose ``method`` names the method used. Comparisons live in
+:mod:`harness.paired`, stochastic defenses in :mod:`harness.stochastic`, subsets in
+:mod:`harness.subsets` and sample-size planning in :mod:`harness.planning`.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import stats
 
+BOOTSTRAP_METHODS = {"bca": "BCa", "percentile": "percentile", "basic": "basic"}
+# Upper bound on resampled values held in memory at once (n_resamples * n floats per batch).
+_MAX_BATCH_ELEMENTS = 20_000_000
+
 
 @dataclass(frozen=True)
 class Interval:
+    """A point estimate with a two-sided interval; ``method`` says how it was computed."""
+
     estimate: float
     low: float
     high: float
@@ -23,35 +32,139 @@ class Interval:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), e.g. 0.95; got {confidence}")
+
+
+def _check_counts(successes: int, n: int) -> None:
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be between 0 and n={n}, got {successes}")
+
 
 def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
     """Wilson score interval for a binomial proportion (scipy.stats.binomtest)."""
-    if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
+    _check_counts(successes, n)
+    _check_confidence(confidence)
     ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    return Interval(float(successes / n), float(ci.low), float(ci.high), "wilson", confidence, n)
+    return Interval(float(successes / n), float(ci.low), float(ci.high), "wilson", confidence, int(n))
+
+
+def clopper_pearson(successes: int, n: int, confidence: float = 0.95) -> Interval:
+    """Exact (Clopper–Pearson) interval: conservative, never below nominal coverage."""
+    _check_counts(successes, n)
+    _check_confidence(confidence)
+    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="exact")
+    return Interval(float(successes / n), float(ci.low), float(ci.high), "clopper-pearson", confidence, int(n))
+
+
+def _method_key(method: str) -> str:
+    key = method.lower()
+    if key not in BOOTSTRAP_METHODS:
+        raise ValueError(f"unknown bootstrap method {method!r}; accepted: {', '.join(BOOTSTRAP_METHODS)}")
+    return key
+
+
+def _batch_size(n: int) -> int:
+    return max(1, _MAX_BATCH_ELEMENTS // max(n, 1))
 
 
 def bootstrap(outcomes: np.ndarray, *, confidence: float = 0.95, seed: int = 0, n_resamples: int = 10_000,
               method: str = "BCa") -> Interval:
     """Bootstrap interval of the mean of per-sample outcomes over samples (scipy.stats.bootstrap).
 
-    Degenerate data (all 0 or all 1) has no sampling variability in the bootstrap; the
-    interval then collapses to the point, so callers should show Wilson beside it.
+    ``method`` is ``BCa`` (default), ``percentile`` or ``basic``. Degenerate data (all 0 or
+    all 1) has no sampling variability in the bootstrap; the interval then collapses to the
+    point, so callers should show Wilson beside it. If BCa is undefined (scipy returns NaN),
+    the percentile interval is returned and the method says so.
     """
+    key = _method_key(method)
+    _check_confidence(confidence)
     x = np.asarray(outcomes, dtype=float).ravel()
     if x.size == 0:
         raise ValueError("bootstrap needs at least one outcome")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("bootstrap outcomes must be finite numbers (0/1 or fractions)")
     est = float(x.mean())
     if np.all(x == x[0]):
-        return Interval(est, est, est, f"bootstrap-{method.lower()}", confidence, int(x.size))
-    res = stats.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method=method,
-                          rng=np.random.default_rng(seed), vectorized=True)
-    return Interval(est, float(res.confidence_interval.low), float(res.confidence_interval.high),
-                    f"bootstrap-{method.lower()}", confidence, int(x.size))
+        return Interval(est, est, est, f"bootstrap-{key}", confidence, int(x.size))
+    data = x.astype(np.uint8) if np.all((x == 0) | (x == 1)) else x  # 0/1: same means, faster resampling
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
+        res = stats.bootstrap((data,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+                              method=BOOTSTRAP_METHODS[key], rng=np.random.default_rng(seed), vectorized=True,
+                              batch=_batch_size(x.size))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (np.isfinite(low) and np.isfinite(high)):
+        if key == "percentile":
+            raise RuntimeError("bootstrap percentile interval is not finite; check the outcomes")
+        return bootstrap(x, confidence=confidence, seed=seed, n_resamples=n_resamples, method="percentile")
+    return Interval(est, low, high, f"bootstrap-{key}", confidence, int(x.size))
+
+
+def bootstrap_many(outcomes: np.ndarray, *, confidence: float = 0.95, seed: int = 0, n_resamples: int = 10_000,
+                   method: str = "BCa") -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap intervals of the mean for many datasets at once (rows of a 2-D array).
+
+    Vectorized over rows with one scipy.stats.bootstrap call (axis=-1), which is how the
+    coverage simulations stay fast. Returns ``(low, high)`` arrays of length ``rows``;
+    degenerate rows (all values equal) get the point as both ends, as in :func:`bootstrap`.
+    """
+    key = _method_key(method)
+    _check_confidence(confidence)
+    x = np.asarray(outcomes, dtype=float)
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise ValueError(f"bootstrap_many needs a 2-D array (datasets, samples); got shape {x.shape}")
+    means = x.mean(axis=1)
+    degenerate = np.all(x == x[:, :1], axis=1)
+    if np.all((x == 0) | (x == 1)):
+        x = x.astype(np.uint8)  # same means (integer sums are exact), ~4x faster resampling than float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        res = stats.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=n_resamples, axis=-1,
+                              method=BOOTSTRAP_METHODS[key], rng=np.random.default_rng(seed), vectorized=True,
+                              batch=max(1, _MAX_BATCH_ELEMENTS // x.size))
+    low = np.asarray(res.confidence_interval.low, dtype=float)
+    high = np.asarray(res.confidence_interval.high, dtype=float)
+    low = np.where(degenerate, means, low)
+    high = np.where(degenerate, means, high)
+    return low, high
+
+
+def accuracy_interval(outcomes: np.ndarray, *, method: str = "bootstrap-bca", confidence: float = 0.95,
+                      seed: int = 0, n_resamples: int = 10_000) -> Interval:
+    """Interval for the accuracy of 0/1 (or fractional) per-sample outcomes by method name.
+
+    Accepted methods: ``bootstrap-bca``, ``bootstrap-percentile``, ``wilson``, ``clopper-pearson``.
+    The binomial methods need 0/1 outcomes.
+    """
+    x = np.asarray(outcomes, dtype=float).ravel()
+    if method.startswith("bootstrap-"):
+        return bootstrap(x, confidence=confidence, seed=seed, n_resamples=n_resamples, method=method[10:])
+    binomial = {"wilson": wilson, "clopper-pearson": clopper_pearson}
+    if method not in binomial:
+        raise ValueError(f"unknown interval method {method!r}; accepted: bootstrap-bca, bootstrap-percentile, "
+                         "wilson, clopper-pearson")
+    if not np.all((x == 0) | (x == 1)):
+        raise ValueError(f"{method} needs 0/1 outcomes; use a bootstrap method for fractional outcomes")
+    return binomial[method](int(x.sum()), int(x.size), confidence)
 
 
 def half_width_n(p: float, half_width: float, confidence: float = 0.95) -> int:
-    """Samples needed for a normal-approximation interval of ``±half_width`` at accuracy ``p``."""
+    """Samples needed for a normal-approximation interval of ``±half_width`` at accuracy ``p``.
+
+    See :func:`harness.planning.n_for_half_width` for the Wilson-exact version.
+    """
     z = stats.norm.ppf(0.5 + confidence / 2)
     return int(np.ceil(z * z * p * (1 - p) / half_width ** 2))

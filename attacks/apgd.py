@@ -1,0 +1,84 @@
+"""APGD (Croce & Hein, ICML 2020) through ``pyautoattack.APGDAttack``: untargeted, cross-entropy or
+DLR loss, for ℓ∞, ℓ2 and ℓ1 (the ℓ1 version uses upstream's decreasing-ε schedule, ``use_largereps``).
+
+The model is the target's module (gradient mode, batched EOT over logits, budget counting).
+The accuracy trace per iteration is rebuilt from the forward passes (``extras["acc_trace"]``).
+"""
+from __future__ import annotations
+
+import logging
+
+from torch import Tensor
+
+from harness.target import Target
+
+from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, trace_apgd, view
+from .base import Attack, AttackResult, Norm, register_attack
+
+LOSSES = ("ce", "dlr")
+
+
+class APGD(Attack):
+    """Untargeted APGD.
+
+    Args:
+        eps, norm: threat model (``Linf``, ``L2``, ``L1``). loss: ``ce`` or ``dlr``.
+        steps: iterations per restart. restarts: random restarts (only still-robust samples are re-run).
+        rho: step-size decrease threshold. use_largereps: ℓ1 schedule 3ε→2ε→ε (default on for ℓ1).
+        eot, grad_mode: override the target's EOT draws / gradient mode. draws: final-evaluation draws.
+    """
+
+    name = "apgd"
+
+    def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", loss: str = "ce", steps: int = 100,
+                 restarts: int = 1, rho: float = 0.75, use_largereps: bool | None = None, eot: int | None = None,
+                 grad_mode: str | None = None, draws: int | None = None) -> None:
+        super().__init__(eps=eps, norm=norm)
+        if loss not in LOSSES:
+            raise ValueError(f"apgd: unknown loss {loss!r}; accepted: {', '.join(LOSSES)} (targeted: use 'apgd-t')")
+        if steps < 1 or restarts < 1:
+            raise ValueError(f"apgd: steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
+        self.loss, self.steps, self.restarts, self.rho = loss, int(steps), int(restarts), float(rho)
+        self.use_largereps = (norm == "L1") if use_largereps is None else bool(use_largereps)
+        self.eot, self.grad_mode, self.draws = eot, grad_mode, draws
+
+    def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
+        from pyautoattack.autopgd_base import APGDAttack
+
+        t = view(target, self.grad_mode, self.eot)
+        probe = ProbeModule(CountedModule(t))
+        apgd = APGDAttack(probe, n_iter=self.steps, norm=self.norm, n_restarts=self.restarts, eps=self.eps, seed=seed,
+                          loss=self.loss, eot_iter=1, rho=self.rho, verbose=False, device=x.device,
+                          use_largereps=self.use_largereps, logger=logging.getLogger("auto-attack"))
+        trace: list[float] = []
+        trace_apgd(apgd, probe, x.shape[0], trace)
+        x_adv = apgd.perturb(x, y)
+        return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws),
+                        extras={"acc_trace": trace, "eot": t.eot})
+
+
+@register_attack("apgd")
+def apgd(**options) -> APGD:
+    """APGD with ``loss`` as an option (default ``ce``)."""
+    return APGD(**options)
+
+
+@register_attack("apgd-ce")
+def apgd_ce(**options) -> APGD:
+    """APGD on the cross-entropy loss."""
+    return APGD(loss="ce", **options)
+
+
+@register_attack("apgd-dlr")
+def apgd_dlr(**options) -> APGD:
+    """APGD on the DLR loss (invariant to logit scaling)."""
+    return APGD(loss="dlr", **options)
+
+
+@register_attack("apgd-l1")
+def apgd_l1(**options) -> APGD:
+    """APGD-CE for ℓ1 (ε = 12 by default, as in Croce & Hein 2021) with the decreasing-ε schedule."""
+    options.setdefault("eps", 12.0)
+    if options.pop("norm", "L1") != "L1":
+        raise ValueError("apgd-l1 is the ℓ1 attack; run it with --norm L1 (and an ℓ1 eps such as 12)")
+    return APGD(loss="ce", norm="L1", **options)

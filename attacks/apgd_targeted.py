@@ -1,0 +1,70 @@
+"""Targeted APGD on the targeted DLR loss (APGD-T; Croce & Hein, ICML 2020) through
+``pyautoattack.APGDAttack_targeted``: one run per target class among the top-k non-true classes.
+
+The model is the target's module (gradient mode, batched EOT, budget counting).
+"""
+from __future__ import annotations
+
+import logging
+
+from torch import Tensor
+
+from harness.target import Target
+
+from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, trace_apgd, view
+from .base import Attack, AttackResult, Norm, register_attack
+
+
+class APGDTargeted(Attack):
+    """APGD-T.
+
+    Args:
+        eps, norm: threat model. steps: iterations per target class. restarts: restarts per target.
+        targets: number of target classes (capped at ``num_classes - 1``; AutoAttack uses 9).
+        use_largereps: ℓ1 schedule (default on for ℓ1). eot, grad_mode, draws: as for ``apgd``.
+    """
+
+    name = "apgd-t"
+
+    def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 100, restarts: int = 1,
+                 targets: int = 9, rho: float = 0.75, use_largereps: bool | None = None, eot: int | None = None,
+                 grad_mode: str | None = None, draws: int | None = None) -> None:
+        super().__init__(eps=eps, norm=norm)
+        if steps < 1 or restarts < 1 or targets < 1:
+            raise ValueError(f"apgd-t: steps, restarts and targets must be >= 1, got {steps}, {restarts}, {targets}")
+        self.steps, self.restarts, self.targets, self.rho = int(steps), int(restarts), int(targets), float(rho)
+        self.use_largereps = (norm == "L1") if use_largereps is None else bool(use_largereps)
+        self.eot, self.grad_mode, self.draws = eot, grad_mode, draws
+
+    def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
+        from pyautoattack.autopgd_base import APGDAttack_targeted
+
+        if target.num_classes < 4:
+            raise ValueError(f"apgd-t: the targeted DLR loss needs at least 4 classes, the defense has {target.num_classes}")
+        t = view(target, self.grad_mode, self.eot)
+        probe = ProbeModule(CountedModule(t))
+        apgd = APGDAttack_targeted(probe, n_iter=self.steps, norm=self.norm, n_restarts=self.restarts, eps=self.eps,
+                                   seed=seed, eot_iter=1, rho=self.rho, n_target_classes=min(self.targets, target.num_classes - 1),
+                                   verbose=False, device=x.device, use_largereps=self.use_largereps,
+                                   logger=logging.getLogger("auto-attack"))
+        trace: list[float] = []
+        trace_apgd(apgd, probe, x.shape[0], trace)
+        x_adv = apgd.perturb(x, y)
+        return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws),
+                        extras={"acc_trace": trace, "eot": t.eot})
+
+
+@register_attack("apgd-t")
+def apgd_t(**options) -> APGDTargeted:
+    """APGD-T (targeted DLR) over ``targets`` target classes."""
+    return APGDTargeted(**options)
+
+
+@register_attack("apgd-t-l1")
+def apgd_t_l1(**options) -> APGDTargeted:
+    """APGD-T for ℓ1 (ε = 12, 5 target classes as in AutoAttack's ℓ1 standard version)."""
+    options.setdefault("eps", 12.0)
+    options.setdefault("targets", 5)
+    if options.pop("norm", "L1") != "L1":
+        raise ValueError("apgd-t-l1 is the ℓ1 attack; run it with --norm L1 (and an ℓ1 eps such as 12)")
+    return APGDTargeted(norm="L1", **options)

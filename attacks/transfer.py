@@ -1,0 +1,60 @@
+"""Transfer attack: craft adversarial inputs on a surrogate model, then evaluate them on the defense.
+
+Default surrogate: the defense's own classifier without its purifier (the "undefended
+classifier"), attacked with PGD; the attack never differentiates through the purifier, so
+it is immune to gradient masking in the purifier. A user may instead name another defense spec
+(``surrogate="bit-depth"`` with ``surrogate_opts``). Surrogate passes are charged to the same
+budget, so runs stay comparable at equal cost.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from harness.defense import Defense, create_defense
+from harness.target import Target
+
+from ._thirdparty import default_draws, finalize
+from .base import Attack, AttackResult, Norm, create_attack, register_attack
+
+
+class Transfer(Attack):
+    """Transfer from a surrogate.
+
+    Args:
+        eps, norm: threat model. surrogate: ``"classifier"`` (the defense's classifier alone) or a defense spec.
+        surrogate_opts: options for a defense-spec surrogate. inner: the attack run on the surrogate
+        (default ``pgd``). steps, restarts, loss: forwarded to the inner attack. draws: final-evaluation draws.
+    """
+
+    name = "transfer"
+    uses_gradients = False  # no gradient of the defense itself is used
+
+    def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", surrogate: str = "classifier",
+                 surrogate_opts: dict[str, Any] | None = None, inner: str = "pgd", steps: int = 50, restarts: int = 1,
+                 loss: str = "ce", draws: int | None = None, **inner_opts: Any) -> None:
+        super().__init__(eps=eps, norm=norm)
+        self.surrogate, self.inner, self.steps, self.restarts, self.loss = surrogate, inner, int(steps), int(restarts), loss
+        self.surrogate_opts = dict(surrogate_opts or {})
+        self.draws = draws
+        self._inner = create_attack(inner, eps=eps, norm=norm, steps=self.steps, restarts=self.restarts, loss=loss, **inner_opts)
+
+    def _surrogate(self, defense: Defense) -> Defense:
+        if self.surrogate == "classifier":
+            return Defense(defense.classifier, None, num_classes=defense.num_classes, bounds=defense.bounds,
+                           name=f"{defense.name}-classifier")
+        return create_defense(self.surrogate, **self.surrogate_opts)
+
+    def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
+        sur = Target(self._surrogate(target.defense), "full", 1, target.eot_chunk, target.budget)
+        crafted = self._inner(sur, x, y, seed=seed)
+        res = finalize(target, x, crafted.x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws),
+                       extras={"surrogate_success": crafted.success.float().mean().item()})
+        return res
+
+
+@register_attack("transfer")
+def transfer(**options: Any) -> Transfer:
+    """Transfer attack from a surrogate (default: the defense's classifier without purifier)."""
+    return Transfer(**options)

@@ -1,0 +1,131 @@
+"""Peak memory and time of one exact-gradient attack step through AMRM-Pure, for S purification steps,
+with and without checkpointing (``harness.grad.unroll`` methods ``naive``, ``checkpoint``, ``recompute``).
+
+    .venv/bin/python benchmarks/bench_checkpoint.py                 # S = 5 10 20 50 100, prints one table
+    .venv/bin/python benchmarks/bench_checkpoint.py --steps 5 20 --batch 4 --methods naive checkpoint
+
+One "attack step" = ``Target(defense, "full").value_and_grad(x, y, ce)`` on a batch of CIFAR-10 test
+images: the S-step purification (each step differentiating the MAE loss with ``create_graph=True``),
+the ResNet-18 and the backward pass through all of it.
+
+Memory method (CPU has no allocator statistics): every configuration runs in a fresh subprocess;
+after setup and a warm-up (one S=1 step), the process's peak-RSS counter is reset by writing ``5``
+to ``/proc/self/clear_refs``; the figure reported is ``VmHWM`` after the measured step minus
+``VmRSS`` just before it, i.e. the extra resident memory the step needed at its peak. Where
+``clear_refs`` is unavailable, it falls back to the ``ru_maxrss`` increase (an underestimate when
+setup peaked higher). Time is the wall time of that one step with ``--threads`` torch threads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def worker(args: argparse.Namespace) -> dict:
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from harness.defense import create_defense
+    from harness.losses import cross_entropy
+    from harness.target import Target
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    data = np.load(Path(args.data_root) / "cifar10_test.npz")
+    x = torch.from_numpy(data["x"][: args.batch]).permute(0, 3, 1, 2).float() / 255
+    y = torch.from_numpy(data["y"][: args.batch])
+    opts = dict(mask_ratio=0.75, masks_per_step=1, method=args.method, mae=args.mae)
+    if args.mae == "random":
+        opts["mae_preset"] = "small"
+    warm = create_defense("amrm-pure-mae", steps=1, **opts).eval()
+    Target(warm, "full").value_and_grad(x, y, cross_entropy)
+    defense = create_defense("amrm-pure-mae", steps=args.S, **opts).eval()
+    exact = _reset_peak()
+    rss0, maxrss0 = _status_kb("VmRSS"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    _, grad, _ = Target(defense, "full").value_and_grad(x, y, cross_entropy)
+    seconds = time.perf_counter() - t0
+    peak = (_status_kb("VmHWM") - rss0) if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss0
+    return {"S": args.S, "method": args.method, "peak_mb": peak / 1024, "seconds": seconds, "exact_peak": exact,
+            "grad_norm": float(grad.norm())}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, nargs="+", default=[5, 10, 20, 50, 100], help="purification steps S")
+    p.add_argument("--methods", nargs="+", default=["naive", "checkpoint", "recompute"])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--mae", default=str(ROOT / "defenses/amrm_pure/weights/mae_cifar10_small.pt"),
+                   help="MAE weights, or 'random' (same cost)")
+    p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--max-naive-s", type=int, default=None, help="skip naive runs above this S (memory)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--S", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--method", help=argparse.SUPPRESS)
+    p.add_argument("--json", type=Path, help="also write the raw results here")
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+    results: dict[tuple[int, str], dict] = {}
+    for S in args.steps:
+        for method in args.methods:
+            if method == "naive" and args.max_naive_s is not None and S > args.max_naive_s:
+                continue
+            cmd = [sys.executable, __file__, "--worker", "--S", str(S), "--method", method, "--batch", str(args.batch),
+                   "--threads", str(args.threads), "--mae", args.mae, "--data-root", args.data_root]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                results[(S, method)] = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+            else:
+                results[(S, method)] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"S={S:>3} {method:<10} {results[(S, method)]}", file=sys.stderr, flush=True)
+    base = {m: results.get((args.steps[0], m), {}).get("peak_mb") for m in args.methods}
+    head = ["S"] + [f"{m} {k}" for m in args.methods for k in ("peak MB", "s")]
+    if "naive" in args.methods and "checkpoint" in args.methods:
+        head += ["ckpt/naive time", f"ckpt peak / S={args.steps[0]}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for S in args.steps:
+        row = [str(S)]
+        for m in args.methods:
+            r = results.get((S, m), {})
+            row += [f"{r['peak_mb']:.0f}", f"{r['seconds']:.2f}"] if "peak_mb" in r else [r.get("error", "skipped")[:30], "-"]
+        if "naive" in args.methods and "checkpoint" in args.methods:
+            n, c = results.get((S, "naive"), {}), results.get((S, "checkpoint"), {})
+            row.append(f"{c['seconds'] / n['seconds']:.2f}x" if "seconds" in n and "seconds" in c else "-")
+            row.append(f"{c['peak_mb'] / base['checkpoint']:.2f}x" if "peak_mb" in c and base["checkpoint"] else "-")
+        lines.append("| " + " | ".join(row) + " |")
+    print(f"batch {args.batch}, {args.threads} thread(s), memory: peak RSS increase during the step "
+          f"({'clear_refs/VmHWM' if all(r.get('exact_peak', True) for r in results.values()) else 'ru_maxrss'})")
+    print("\n".join(lines))
+    if args.json:
+        args.json.write_text(json.dumps([{"S": k[0], "method": k[1], **v} for k, v in results.items()], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

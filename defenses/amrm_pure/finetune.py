@@ -1,0 +1,163 @@
+"""R-AMRM-Pure recipe: fine-tune the MAE through the purifier with the classifier's cross-entropy
+(in the spirit of AToP, Lin et al., ICLR 2024: adversarial training on the purifier, classifier frozen).
+
+    python -m defenses.amrm_pure.finetune --steps 300 --out defenses/amrm_pure/weights/mae_cifar10_small_ramrm.pt
+    harness train ramrm ...                                           (same options)
+
+Per batch: adversarial examples against the frozen classifier alone (``--attack-steps`` of ℓ∞ PGD,
+``--eps``), then the loss ``CE(f(P_θ(x_adv)), y) + β·L_rec(x)`` is minimized over the MAE weights θ.
+The purifier's exact derivative with respect to θ is zero (it acts through ``sign(∇L_rec)``), so the
+gradient goes through the purifier's smooth surrogate step (``forward_surrogate``: same forward
+values, tanh step backward); the β term keeps the MAE a reconstructor. Resumable like ``train``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
+from .train import _batch, _lr, batch_index, load_cifar10_train, resolve_data_root, save_weights
+
+log = logging.getLogger(__name__)
+
+
+def _labels(data_root: str | None) -> torch.Tensor:
+    import numpy as np
+    npz = resolve_data_root(data_root) / "cifar10_train.npz"
+    if npz.is_file():
+        with np.load(npz) as data:
+            return torch.from_numpy(data["y"])
+    import torchvision
+    return torch.tensor(torchvision.datasets.CIFAR10(str(resolve_data_root(data_root)), train=True).targets)
+
+
+def _pgd(classifier: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, gen: torch.Generator) -> torch.Tensor:
+    if steps == 0 or eps == 0:
+        return x
+    delta = (torch.rand(x.shape, generator=gen) * 2 - 1).to(x.device) * eps
+    for _ in range(steps):
+        xa = (x + delta).clamp(0, 1).requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(classifier(xa), y), xa)
+        delta = (delta + 2.5 * eps / steps * g.sign()).clamp(-eps, eps)
+    return (x + delta).clamp(0, 1).detach()
+
+
+def finetune(args: argparse.Namespace) -> dict:
+    """Run (or resume) the fine-tuning; returns the training record."""
+    from harness.models import load_classifier
+
+    from .purifier import AMRMPurifier
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    out = Path(args.out)
+    state_path = out.with_suffix(".state.pt")
+    mae = load_mae(args.mae).to(device)
+    purifier = AMRMPurifier(mae, steps=args.purify_steps, step_size=args.step_size, eta=args.eta,
+                            mask_ratio=args.mask_ratio, tau=args.tau).to(device)
+    classifier = load_classifier(args.classifier).to(device).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(mae.parameters(), lr=args.lr, weight_decay=0.0)
+    step, history = 0, []
+    if state_path.is_file() and not args.restart:
+        state = torch.load(state_path, map_location=device, weights_only=True)
+        mae.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, history = int(state["step"]), list(state["history"])
+        log.info("resumed from %s at step %d", state_path, step)
+    images, labels = load_cifar10_train(args.data_root), _labels(args.data_root)
+    command = " ".join(["python -m defenses.amrm_pure.finetune", *sys.argv[1:]])
+
+    def record(loss_ema: float | None) -> dict:
+        return {"steps": step, "batch_size": args.batch_size, "lr": args.lr, "eps": args.eps, "purify_steps": args.purify_steps,
+                "beta": args.beta, "base_mae": str(args.mae), "final_loss_ema": loss_ema, "loss_history": history,
+                "command": command, "recipe": "R-AMRM-Pure fine-tuning (defenses/amrm_pure/finetune.py)"}
+
+    def checkpoint(loss_ema: float | None) -> None:
+        torch.save({"model": mae.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history},
+                   state_path.with_suffix(".tmp"))
+        state_path.with_suffix(".tmp").replace(state_path)
+        save_weights(mae, out, record(loss_ema))
+
+    loss_ema = history[-1][1] if history else None
+    bar = tqdm(total=args.steps, initial=step, desc="ramrm", unit="step", disable=args.no_progress)
+    start, first_step = time.time(), step
+    try:
+        while step < args.steps:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, args.steps, args.lr, max(1, args.steps // 20))
+            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+            x = _batch(images, step, args.batch_size, args.seed, device)
+            y = labels[batch_index(images.shape[0], step, args.batch_size, args.seed)[0]].to(device)
+            x_adv = _pgd(classifier, x, y, args.eps, args.attack_steps, gen)
+            mae.requires_grad_(True)
+            cls = F.cross_entropy(classifier(purifier.forward_surrogate(x_adv)), y)
+            rec = purifier.rec_loss(x).mean()
+            loss = cls + args.beta * rec
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            value = loss.item()
+            loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_ema:.4f}", cls=f"{cls.item():.3f}", rec=f"{rec.item():.4f}")
+            if step % args.log_every == 0 or step == args.steps:
+                history.append([step, loss_ema])
+                log.info("step %d/%d loss (EMA) %.4f (cls %.4f, rec %.5f), %.1f s/step", step, args.steps, loss_ema,
+                         cls.item(), rec.item(), (time.time() - start) / max(1, step - first_step))
+            if step % args.checkpoint_every == 0:
+                checkpoint(loss_ema)
+    except KeyboardInterrupt:
+        checkpoint(loss_ema)
+        raise
+    finally:
+        bar.close()
+    checkpoint(loss_ema)
+    return record(loss_ema)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mae", default=str(DEFAULT_MAE), help="MAE weights to start from")
+    parser.add_argument("--out", default=str(DEFAULT_RAMRM), help="fine-tuned weights file (state dict)")
+    parser.add_argument("--classifier", default="autoattack-resnet18", help="frozen classifier (harness.models source)")
+    parser.add_argument("--data-root", default=None, help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--beta", type=float, default=1.0, help="weight of the reconstruction loss")
+    parser.add_argument("--eps", type=float, default=8 / 255, help="ℓ∞ budget of the training adversarial examples")
+    parser.add_argument("--attack-steps", type=int, default=2, help="PGD steps against the classifier per batch")
+    parser.add_argument("--purify-steps", type=int, default=3, help="purification steps S during fine-tuning")
+    parser.add_argument("--step-size", type=float, default=4 / 255)
+    parser.add_argument("--eta", type=float, default=16 / 255)
+    parser.add_argument("--mask-ratio", type=float, default=0.75)
+    parser.add_argument("--tau", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--checkpoint-every", type=int, default=25)
+    parser.add_argument("--restart", action="store_true", help="ignore an existing training state and start over")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m defenses.amrm_pure.finetune", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rec = finetune(args)
+    log.info("done: %d steps, loss (EMA) %.4f -> %s", rec["steps"], rec["final_loss_ema"], args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

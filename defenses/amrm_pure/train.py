@@ -1,0 +1,202 @@
+"""Train the masked autoencoder AMRM-Pure purifies with, on the CIFAR-10 train split.
+
+    python -m defenses.amrm_pure.train --preset small --steps 6000 --out defenses/amrm_pure/weights/mae_cifar10_small.pt
+    harness train mae --preset small --steps 6000 --out ...        (same options)
+
+Resumable: the training state (model, optimizer, step, loss) is checkpointed to ``<out>.state.pt``
+every ``--checkpoint-every`` steps and on Ctrl-C; rerunning the same command continues from it.
+Each checkpoint also writes the weights (state dict only, loads with ``weights_only=True``) to
+``--out`` and the architecture + training record to ``<out minus .pt>.json``. Batches are drawn
+from a generator seeded by (seed, step), so a resumed run sees the same batches as an unbroken one.
+Runs unchanged on a GPU (``--device cuda``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from .mae import MaskedAutoencoder
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_data_root(data_root: str | None) -> Path:
+    """``--data-root``, else ``$HARNESS_DATA``, else ``../shared/data`` next to the repository."""
+    root = data_root or os.environ.get("HARNESS_DATA") or str(REPO_ROOT.parent / "shared" / "data")
+    return Path(root)
+
+
+def load_cifar10_train(data_root: str | None, *, download: bool = False) -> Tensor:
+    """CIFAR-10 training images as uint8 (N, 3, 32, 32): ``cifar10_train.npz`` under the data root
+    (``x`` uint8 NHWC), else torchvision's CIFAR-10 in the same folder (``download`` fetches it)."""
+    root = resolve_data_root(data_root)
+    npz = root / "cifar10_train.npz"
+    if npz.is_file():
+        with np.load(npz) as data:
+            return torch.from_numpy(data["x"]).permute(0, 3, 1, 2).contiguous()
+    try:
+        import torchvision
+        ds = torchvision.datasets.CIFAR10(str(root), train=True, download=download)
+    except Exception as exc:  # torchvision raises RuntimeError when the files are missing
+        raise FileNotFoundError(f"no CIFAR-10 training data under {str(root)!r}: expected cifar10_train.npz or torchvision's "
+                                f"cifar-10-batches-py ({exc}); pass --data-root, set HARNESS_DATA, or add --download") from None
+    return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+
+
+def batch_index(n: int, step: int, batch_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """Indices and horizontal-flip flags of batch ``step`` (a function of (seed, step): resumable)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(n, (batch_size,), generator=gen), torch.rand(batch_size, generator=gen) < 0.5
+
+
+def _batch(images: Tensor, step: int, batch_size: int, seed: int, device: torch.device) -> Tensor:
+    idx, flip = batch_index(images.shape[0], step, batch_size, seed)
+    x = images[idx].float().div_(255)
+    x[flip] = x[flip].flip(-1)  # horizontal flips, the usual CIFAR augmentation
+    return x.to(device, non_blocking=True)
+
+
+def _lr(step: int, total: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def sidecar_path(out: Path) -> Path:
+    return out.with_suffix(".json")
+
+
+PRESET_NAMES = ("tiny", "small", "base")  # defenses.amrm_pure.mae.MAE_PRESETS; timm is imported only when training
+
+
+def save_weights(model: "MaskedAutoencoder", out: Path, record: dict) -> None:
+    """State dict only (float32) at ``out``; architecture and training record next to it as JSON."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    torch.save({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp)
+    tmp.replace(out)
+    sidecar_path(out).write_text(json.dumps({"config": model.config.to_dict(), **record}, indent=2) + "\n")
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Run (or resume) training; returns the final training record."""
+    from .mae import build_mae, mae_config
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    out = Path(args.out)
+    state_path = out.with_suffix(".state.pt")
+    overrides = {k: getattr(args, k) for k in ("embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
+                                                "decoder_num_heads")}
+    config = mae_config(args.preset, **overrides)
+    torch.manual_seed(args.seed)
+    model = build_mae(config, fused_attn=True).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    step, history = 0, []
+    if state_path.is_file() and not args.restart:
+        state = torch.load(state_path, map_location=device, weights_only=True)
+        if state["config"] != config.to_dict():
+            raise ValueError(f"{state_path} was trained with config {state['config']}, not {config.to_dict()}; "
+                             "use the same options or pass --restart")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, history = int(state["step"]), list(state["history"])
+        log.info("resumed from %s at step %d", state_path, step)
+    images = load_cifar10_train(args.data_root, download=args.download)
+    command = args.command_line or " ".join(["python -m defenses.amrm_pure.train", *sys.argv[1:]])
+
+    def record(loss_ema: float | None) -> dict:
+        return {"steps": step, "batch_size": args.batch_size, "mask_ratio": args.mask_ratio, "lr": args.lr,
+                "seed": args.seed, "final_loss_ema": loss_ema, "loss_history": history, "command": command,
+                "dataset": "cifar10-train", "images": int(images.shape[0])}
+
+    def checkpoint(loss_ema: float | None) -> None:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
+                    "config": config.to_dict()}, state_path.with_suffix(".tmp"))
+        state_path.with_suffix(".tmp").replace(state_path)
+        save_weights(model, out, record(loss_ema))
+
+    model.train()
+    loss_ema = history[-1][1] if history else None
+    bar = tqdm(total=args.steps, initial=step, desc="mae", unit="step", disable=args.no_progress)
+    start = time.time()
+    try:
+        while step < args.steps:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, args.steps, args.lr, args.warmup)
+            x = _batch(images, step, args.batch_size, args.seed, device)
+            loss = model(x, args.mask_ratio)[0].mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            value = float(loss.detach())
+            loss_ema = value if loss_ema is None else 0.98 * loss_ema + 0.02 * value
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_ema:.4f}")
+            if step % args.log_every == 0 or step == args.steps:
+                history.append([step, loss_ema])
+                log.info("step %d/%d rec loss (EMA) %.5f, %.2f s/step", step, args.steps, loss_ema,
+                         (time.time() - start) / max(1, len(history)) / args.log_every)
+            if step % args.checkpoint_every == 0:
+                checkpoint(loss_ema)
+    except KeyboardInterrupt:
+        log.warning("interrupted at step %d; checkpointing, rerun the same command to resume", step)
+        checkpoint(loss_ema)
+        raise
+    finally:
+        bar.close()
+    checkpoint(loss_ema)
+    return record(loss_ema)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="defenses/amrm_pure/weights/mae_cifar10_small.pt", help="weights file (state dict)")
+    parser.add_argument("--preset", default="small", choices=PRESET_NAMES, help="architecture size")
+    for name in ("embed-dim", "depth", "num-heads", "decoder-embed-dim", "decoder-depth", "decoder-num-heads"):
+        parser.add_argument(f"--{name}", type=int, default=None, help="override the preset's value")
+    parser.add_argument("--data-root", default=None, help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
+    parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
+    parser.add_argument("--steps", type=int, default=6000, help="total optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1.5e-3)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--mask-ratio", type=float, default=0.75)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--checkpoint-every", type=int, default=200)
+    parser.add_argument("--restart", action="store_true", help="ignore an existing training state and start over")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(command_line=None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m defenses.amrm_pure.train", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rec = train(args)
+    log.info("done: %d steps, final reconstruction loss (EMA) %.5f -> %s", rec["steps"], rec["final_loss_ema"], args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The attack battery: ordered attack specs (from presets, TOML or CLI), the per-stage runner,
+and repeated evaluation of the final adversarial inputs.
+
+A *stage* runs one attack on one shard of samples. In the default cascade mode a stage
+attacks only the samples still robust after the earlier stages (worst case over attacks,
+as AutoAttack does); with ``every_attack`` it attacks every sample.
+All randomness of a stage (the attack's and the defense's) derives from
+``(run seed, shard, stage)``, inside :func:`torch.random.fork_rng`, so resumed runs repeat
+exactly and nothing leaks into the global RNG.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attacks.base import ATTACKS, Attack, AttackResult, perturbation_norms
+from harness.config import load_toml
+from harness.defense import GRAD_MODES, Defense
+from harness.losses import margin as margin_fn
+from harness.target import Budget, Target
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
+SEED_ATTACK, SEED_EVAL, SEED_DEFENSE = 0, 1, 2
+
+
+@dataclass
+class AttackSpec:
+    """One battery entry: a unique ``name``, the registry ``attack`` spec, its ``options``,
+    and optional per-attack gradient mode and EOT draws (``None``: the run's)."""
+    name: str
+    attack: str
+    options: dict[str, Any] = field(default_factory=dict)
+    grad: str | None = None
+    eot: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "battery") -> "AttackSpec":
+        d = dict(d)
+        if "attack" not in d and "name" not in d:
+            raise ValueError(f"{source}: an attack entry needs 'attack' (registry name) and/or 'name'; got {d}")
+        d.setdefault("attack", d.get("name"))
+        d.setdefault("name", d["attack"])
+        unknown = sorted(set(d) - {"name", "attack", "options", "grad", "eot"})
+        if unknown:
+            raise ValueError(f"{source}: attack {d['name']!r} has unknown key(s) {', '.join(unknown)}; "
+                             "accepted: name, attack, options, grad, eot")
+        if d.get("grad") is not None and d["grad"] not in GRAD_MODES:
+            raise ValueError(f"{source}: attack {d['name']!r} grad {d['grad']!r}; accepted: {', '.join(GRAD_MODES)}")
+        return cls(name=str(d["name"]), attack=str(d["attack"]), options=dict(d.get("options") or {}),
+                   grad=d.get("grad"), eot=d.get("eot"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def build(self, eps: float, norm: str) -> Attack:
+        """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own."""
+        return ATTACKS.create(self.attack, **{"eps": eps, "norm": norm, **self.options})
+
+
+# -- presets and battery parsing ---------------------------------------------------------
+
+def list_presets(directory: Path = PRESET_DIR) -> dict[str, str]:
+    """Preset name -> description for every ``presets/*.toml``."""
+    out = {}
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            out[path.stem] = str(load_toml(path).get("description", ""))
+        except (ValueError, FileNotFoundError) as exc:
+            out[path.stem] = f"(invalid: {exc})"
+    return out
+
+
+def load_preset_file(path: Path) -> list[AttackSpec]:
+    data = load_toml(path)
+    entries = data.get("attacks")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"battery file {str(path)!r} needs a non-empty [[attacks]] array of tables "
+                         "(each with attack = \"<registry name>\", optional name, options, grad, eot)")
+    return [AttackSpec.from_dict(e, source=str(path)) for e in entries]
+
+
+def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
+                    preset_dir: Path = PRESET_DIR) -> list[AttackSpec]:
+    """Resolve ``--attacks``: a preset name, a path to a TOML battery, or ``name,name,...`` registry names.
+
+    ``attack_opts`` ``{"key": v}`` applies to every attack, ``{"name.key": v}`` to the attack ``name``.
+    """
+    attacks = attacks.strip()
+    path = Path(attacks).expanduser()
+    if attacks.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"battery file {attacks!r} does not exist; --attacks accepts a preset "
+                                    f"({', '.join(list_presets(preset_dir))}), a TOML file, or attack names separated by commas")
+        specs = load_preset_file(path)
+    elif (preset_dir / f"{attacks}.toml").is_file():
+        specs = load_preset_file(preset_dir / f"{attacks}.toml")
+    else:
+        specs = []
+        for name in filter(None, (s.strip() for s in attacks.split(","))):
+            if name not in ATTACKS and ":" not in name:
+                raise ValueError(f"unknown attack or preset {name!r}. Presets: {', '.join(list_presets(preset_dir))}. "
+                                 f"Attacks: {', '.join(ATTACKS.names())}.")
+            specs.append(AttackSpec(name=name, attack=name))
+        if not specs:
+            raise ValueError("--attacks is empty; give a preset name, a TOML file or attack names")
+    for key, value in (attack_opts or {}).items():
+        target, _, opt = key.rpartition(".")
+        hits = [s for s in specs if not target or s.name == target]
+        if target and not hits:
+            raise ValueError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
+        for s in hits:
+            if opt in ("grad", "eot"):
+                setattr(s, opt, value)
+            else:
+                s.options[opt] = value
+    seen: set[str] = set()
+    for s in specs:
+        if s.name in seen:
+            raise ValueError(f"attack name {s.name!r} appears twice in the battery; give each entry a unique name")
+        seen.add(s.name)
+    return specs
+
+
+# -- per-stage outcome (the diagnostics hook's input) ------------------------------------
+
+@dataclass
+class StageOutcome:
+    """What one stage did on one shard; passed to ``harness.diagnostics.after_stage``.
+
+    ``x``, ``y``, ``x_adv`` and ``result`` cover only the *attempted* samples
+    (``x_shard[robust_before]``); ``robust_before``/``robust_after``/``finite`` are masks over
+    the whole shard (``finite``: logits finite in every evaluation repeat at ``x_adv``).
+    """
+    stage: int
+    attack_name: str
+    attack: Attack
+    spec: AttackSpec
+    target: Target
+    x: Tensor
+    y: Tensor
+    x_adv: Tensor
+    result: AttackResult
+    robust_before: Tensor
+    robust_after: Tensor
+    finite: Tensor
+    defense: Defense
+    shard: int = 0
+    seed: int = 0
+
+
+def derive_seed(run_seed: int, shard: int, stage: int, purpose: int, chunk: int = 0) -> int:
+    """A 63-bit seed that depends only on its arguments (numpy's SeedSequence hashing)."""
+    state = np.random.SeedSequence([int(run_seed) & 0xFFFFFFFF, shard, stage, purpose, chunk]).generate_state(2, np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1])) & 0x7FFFFFFFFFFFFFFF
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Fork the global torch RNG (CPU and the CUDA device in use), seed it, restore it afterwards."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+@dataclass
+class Evaluation:
+    preds: Tensor  # (N, R) int64, -1 where logits were non-finite
+    correct: Tensor  # (N, R) bool
+    finite: Tensor  # (N,) bool: finite in every repeat
+    margin: Tensor  # (N,) mean margin over repeats (NaN if non-finite)
+
+    @property
+    def correct_all(self) -> Tensor:
+        return self.correct.all(1)
+
+    @property
+    def correct_majority(self) -> Tensor:
+        return self.correct.float().mean(1) > 0.5
+
+    @property
+    def correct_frac(self) -> Tensor:
+        return self.correct.float().mean(1)
+
+
+@torch.no_grad()
+def evaluate(defense: Defense, x: Tensor, y: Tensor, repeats: int, seed: int, batch_size: int) -> Evaluation:
+    """Classify ``x`` ``repeats`` times (fresh defense randomness each time, seeded). Non-finite logits
+    count as wrong and give prediction -1."""
+    if x.shape[0] == 0:
+        empty = torch.zeros((0, repeats), dtype=torch.bool, device=x.device)
+        return Evaluation(torch.zeros((0, repeats), dtype=torch.long, device=x.device), empty, empty.all(1),
+                          torch.zeros(0, device=x.device))
+    preds, finite, margins = [], [], []
+    with seeded(seed, x.device):
+        for r in range(repeats):
+            p_r, f_r, m_r = [], [], []
+            for s in range(0, x.shape[0], batch_size):
+                out = defense.logits(x[s:s + batch_size], "full").float()
+                ok = torch.isfinite(out).all(1)
+                p_r.append(torch.where(ok, out.argmax(1), torch.full_like(ok, -1, dtype=torch.long)))
+                f_r.append(ok)
+                m_r.append(torch.where(ok, margin_fn(torch.nan_to_num(out), y[s:s + batch_size]), torch.nan))
+            preds.append(torch.cat(p_r)), finite.append(torch.cat(f_r)), margins.append(torch.cat(m_r))
+    p = torch.stack(preds, 1)
+    f = torch.stack(finite, 1)
+    return Evaluation(p, (p == y[:, None]) & f, f.all(1), torch.stack(margins, 1).mean(1))
+
+
+def _merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:
+    """Concatenate chunked results; per-sample extras are concatenated, equal-length float traces are
+    averaged weighted by chunk size, anything else is kept as a per-chunk list."""
+    if len(parts) == 1:
+        return parts[0]
+    cat = lambda ts: None if any(t is None for t in ts) else torch.cat(ts)  # noqa: E731
+    extras: dict[str, Any] = {}
+    for key in {k for p in parts for k in p.extras}:
+        vals = [p.extras.get(key) for p in parts]
+        if all(isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == n for v, n in zip(vals, sizes)):
+            extras[key] = torch.cat(vals)
+        elif all(isinstance(v, list) and v and all(isinstance(e, (int, float)) for e in v) for v in vals) \
+                and len({len(v) for v in vals}) == 1:
+            w = np.asarray(sizes, float) / sum(sizes)
+            extras[key] = [float(x) for x in (np.asarray(vals, float) * w[:, None]).sum(0)]
+        else:
+            extras[key] = vals
+    return AttackResult(torch.cat([p.x_adv for p in parts]), torch.cat([p.success for p in parts]),
+                        cat([p.loss for p in parts]), cat([p.margin for p in parts]), extras)
+
+
+def _budget_columns(attack: Attack, target: Target) -> dict[str, Any]:
+    opts = {**attack.config(), **vars(attack)}
+    first = lambda *names, default=0: next((opts[n] for n in names if isinstance(opts.get(n), (int, float)) and not isinstance(opts.get(n), bool)), default)  # noqa: E731
+    return {"eps": float(attack.eps), "norm": str(attack.norm), "iterations": int(first("steps", "n_iter", "iterations", "max_iter")),
+            "restarts": int(first("restarts", "n_restarts", default=1)), "eot": int(first("eot", default=0) or target.eot),
+            "grad_mode": target.grad_mode, "queries": int(first("n_queries", "queries")),
+            "noise_samples": int(first("noise_samples"))}
+
+
+def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x: Tensor, y: Tensor, robust_before: Tensor, *,
+              grad: str, eot: int, repeats: int, run_seed: int, shard: int, batch_size: int,
+              autocast: str = "none") -> tuple[StageOutcome, dict[str, Any], Evaluation]:
+    """Run ``attack`` on the samples of a shard that are ``robust_before``; evaluate its adversarials.
+
+    Returns the outcome (for diagnostics), the per-sample record columns of this stage (over
+    the whole shard), and the evaluation of the attempted samples.
+    """
+    target = Target(defense, spec.grad or grad, int(spec.eot or eot))
+    idx = robust_before.nonzero().squeeze(1)
+    xa, ya = x[idx], y[idx]
+    budget_before = Budget(target.budget.forward, target.budget.backward)
+    parts, sizes = [], []
+    t0 = time.perf_counter()
+    for c, s in enumerate(range(0, xa.shape[0], batch_size)):
+        xc, yc = xa[s:s + batch_size], ya[s:s + batch_size]
+        target.eot_chunk = max(1, batch_size // max(1, xc.shape[0]))
+        seed = derive_seed(run_seed, shard, stage, SEED_ATTACK, c)
+        with seeded(derive_seed(run_seed, shard, stage, SEED_DEFENSE, c), x.device), _autocast(autocast, x.device):
+            parts.append(attack(target, xc, yc, seed=seed))
+        sizes.append(xc.shape[0])
+    elapsed = time.perf_counter() - t0
+    n_att = xa.shape[0]
+    result = _merge_results(parts, sizes) if parts else attack(target, xa, ya, seed=0)
+    x_adv = result.x_adv.detach().to(x.dtype)
+    ev = evaluate(defense, x_adv, ya, repeats, derive_seed(run_seed, shard, stage, SEED_EVAL), batch_size)
+    n, r = x.shape[0], repeats
+    full = lambda v, fill, dtype: torch.full((n,), fill, dtype=dtype, device=x.device).index_put_((idx,), v.to(dtype))  # noqa: E731
+    linf, l2 = perturbation_norms(xa, x_adv) if n_att else (xa.new_zeros(0), xa.new_zeros(0))
+    nan = torch.tensor(float("nan"))
+    cols: dict[str, Any] = {
+        "attempted": robust_before.cpu().numpy(),
+        "preds": _preds_lists(ev.preds, idx, n),
+        "correct_all": full(ev.correct_all, False, torch.bool).cpu().numpy(),
+        "correct_majority": full(ev.correct_majority, False, torch.bool).cpu().numpy(),
+        "correct_frac": full(ev.correct_frac, 0.0, torch.float64).cpu().numpy(),
+        "finite": full(ev.finite, True, torch.bool).cpu().numpy(),
+        "success": full(result.success, False, torch.bool).cpu().numpy(),
+        "loss": full(result.loss.float() if result.loss is not None else nan.expand(n_att), float("nan"), torch.float64).cpu().numpy(),
+        "margin": full(result.margin.float() if result.margin is not None else ev.margin, float("nan"), torch.float64).cpu().numpy(),
+        "linf": full(linf, float("nan"), torch.float64).cpu().numpy(),
+        "l2": full(l2, float("nan"), torch.float64).cpu().numpy(),
+        "time_s": full(torch.full((n_att,), elapsed / max(n_att, 1)), 0.0, torch.float64).cpu().numpy(),
+        "forward_passes": full(torch.full((n_att,), round((target.budget.forward - budget_before.forward) / max(n_att, 1))), 0, torch.int64).cpu().numpy(),
+        "backward_passes": full(torch.full((n_att,), round((target.budget.backward - budget_before.backward) / max(n_att, 1))), 0, torch.int64).cpu().numpy(),
+        **_budget_columns(attack, target),
+        "seed": int(run_seed),  # the run seed; the stage's own seeds derive from (seed, shard, stage)
+    }
+    robust_after = robust_before.clone()
+    robust_after[idx] = ev.correct_majority
+    finite = torch.ones(n, dtype=torch.bool, device=x.device)
+    finite[idx] = ev.finite
+    outcome = StageOutcome(stage, spec.name, attack, spec, target, xa, ya, x_adv, result, robust_before, robust_after,
+                           finite, defense, shard, derive_seed(run_seed, shard, stage, SEED_ATTACK))
+    return outcome, cols, ev
+
+
+def clean_stage(defense: Defense, x: Tensor, y: Tensor, *, repeats: int, run_seed: int, shard: int,
+                batch_size: int) -> tuple[dict[str, Any], Evaluation]:
+    """Stage 0: evaluate the clean inputs ``repeats`` times."""
+    t0 = time.perf_counter()
+    ev = evaluate(defense, x, y, repeats, derive_seed(run_seed, shard, 0, SEED_EVAL), batch_size)
+    n = x.shape[0]
+    cols = {"attempted": np.ones(n, bool), "preds": _preds_lists(ev.preds, torch.arange(n), n),
+            "correct_all": ev.correct_all.cpu().numpy(), "correct_majority": ev.correct_majority.cpu().numpy(),
+            "correct_frac": ev.correct_frac.double().cpu().numpy(), "finite": ev.finite.cpu().numpy(),
+            "success": np.zeros(n, bool), "loss": np.full(n, np.nan), "margin": ev.margin.double().cpu().numpy(),
+            "linf": np.zeros(n), "l2": np.zeros(n), "time_s": np.full(n, (time.perf_counter() - t0) / max(n, 1)),
+            "forward_passes": np.full(n, repeats * defense.forward_cost, np.int64), "backward_passes": np.zeros(n, np.int64),
+            "eps": 0.0, "norm": "", "iterations": 0, "restarts": 0, "eot": 0, "grad_mode": "", "queries": 0,
+            "noise_samples": 0, "seed": int(run_seed)}
+    return cols, ev
+
+
+def _preds_lists(preds: Tensor, idx: Tensor, n: int) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in range(n)]
+    for row, i in zip(preds.cpu().tolist(), idx.cpu().tolist()):
+        out[i] = row
+    return out
+
+
+def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if mode in (None, "none"):
+        return contextlib.nullcontext()
+    if mode == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise ValueError(f"unknown autocast mode {mode!r}; accepted: none, bf16")

@@ -1,0 +1,40 @@
+"""``harness compare RUN_A RUN_B``: paired difference, its interval and the exact McNemar test.
+
+Refuses to rank runs whose attack budgets differ unless ``--allow-mismatch`` is given."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("compare", help="paired comparison of two runs (difference, interval, McNemar p)",
+                              description="Compare two runs on the same samples: paired bootstrap interval of the "
+                                          "accuracy difference and the exact McNemar test. Runs with different "
+                                          "attack budgets are refused unless --allow-mismatch.")
+    p.add_argument("run_a", type=Path, metavar="RUN_A")
+    p.add_argument("run_b", type=Path, metavar="RUN_B")
+    p.add_argument("--attack", default="worst-case", help="column to compare: clean, an attack name, or worst-case")
+    p.add_argument("--criterion", default="all", choices=("all", "majority"),
+                   help="stochastic defenses: robust in all R draws (default) or in the majority")
+    p.add_argument("--allow-mismatch", action="store_true", help="compare even if the attack budgets differ")
+    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=int, default=10_000)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports.compare import BudgetMismatchError, compare_text
+
+    try:
+        text = compare_text(args.run_a, args.run_b, attack=args.attack, criterion=args.criterion,
+                            allow_mismatch=args.allow_mismatch, confidence=args.confidence, alpha=args.alpha,
+                            seed=args.seed, n_resamples=args.resamples)
+    except BudgetMismatchError as exc:
+        print(f"harness compare: {exc}", file=sys.stderr)
+        return 3
+    print(text, end="")
+    return 0

@@ -1,0 +1,36 @@
+"""``harness report RUN [RUN ...]``: one table with confidence intervals from stored runs."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from reports import FORMATS
+
+    p = subparsers.add_parser("report", help="table of clean/robust accuracy with 95%% intervals from run directories",
+                              description="Combine run directories into one table: a row per defense, a column per "
+                                          "attack plus the worst case, each with a bootstrap (BCa) and Wilson interval.")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directory (runs/<run-id>)")
+    p.add_argument("--format", default="markdown", choices=FORMATS, help="output format (default markdown)")
+    p.add_argument("--output", "-o", type=Path, help="write to FILE instead of standard output")
+    p.add_argument("--criterion", default="all", choices=("all", "majority", "mean"),
+                   help="stochastic defenses: robust in all R draws (default), in the majority, or mean over draws")
+    p.add_argument("--confidence", type=float, default=0.95, help="confidence level (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports import render
+
+    text = render(args.runs, args.format, criterion=args.criterion, confidence=args.confidence, seed=args.seed,
+                  n_resamples=args.resamples)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        print(text, end="")
+    return 0

@@ -1,0 +1,92 @@
+"""Self-contained HTML report: the table plus plots embedded as base64 PNG (no external files).
+
+A tiny inline script checks that every plot decoded and records the count in
+``<body data-plots-loaded="N" data-plots-total="M">`` (logging a console error otherwise), so a
+headless browser can verify the page.
+"""
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from .outcomes import WORST
+from .plots import convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
+from .stochastic_section import HEADER, NOTE, stochastic_cells, stochastic_rows
+from .table import Table, cell_text, pct, planning_note
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
+table{border-collapse:collapse;margin:1em 0}th,td{border-bottom:1px solid #ccc;padding:.3em .6em;text-align:left}
+th{border-bottom:2px solid #444}.w{color:#777;font-size:85%}.flag{color:#b00}img{max-width:100%;display:block}
+figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"""
+
+_CHECK = """<script>
+window.addEventListener("load", function () {
+  var imgs = document.querySelectorAll("img.plot"), ok = 0;
+  imgs.forEach(function (img) {
+    if (img.complete && img.naturalWidth > 0) { ok += 1; }
+    else { console.error("plot failed to load: " + img.alt); }
+  });
+  document.body.setAttribute("data-plots-loaded", String(ok));
+  document.body.setAttribute("data-plots-total", String(imgs.length));
+});
+</script>"""
+
+
+def _img(png: bytes, alt: str, caption: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<figure><img class="plot" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{escape(caption)}</figcaption></figure>")
+
+
+def _table_html(table: Table) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in ["defense", "n", *table.columns, "flags"])
+    body = []
+    for row in table.rows:
+        tds = [f"<td>{escape(row.label)}</td>", f"<td>{row.n}</td>"]
+        for col in table.columns:
+            cell = row.cells.get(col)
+            text = escape(cell_text(cell, with_wilson=False))
+            if cell is not None and cell.wilson is not None:
+                text += f'<br><span class="w">W[{pct(cell.wilson.low)}, {pct(cell.wilson.high)}]</span>'
+            tds.append(f"<td>{text}</td>")
+        tds.append(f'<td class="flag">{escape(", ".join(row.flags)) or "-"}</td>')
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _stochastic_html(table: Table) -> str:
+    rows = stochastic_rows(table)
+    if not rows:
+        return ""
+    head = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in stochastic_cells(label, cmp)) + "</tr>"
+                   for label, cmp in rows)
+    return (f"<h2>Stochastic defenses</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<p>{escape(NOTE)}</p>")
+
+
+def render_html(table: Table) -> str:
+    title = "Robustness report: " + ", ".join(r.run.run_id for r in table.rows)
+    parts = [f"<h1>{escape(title)}</h1>", _table_html(table), f"<p>{escape(table.settings.describe())}</p>",
+             f"<p>{escape(planning_note(table))}</p>", _stochastic_html(table), "<h2>Plots</h2>",
+             _img(forest_plot(table), "forest plot",
+                  "Accuracy with its bootstrap interval per defense and attack.")]
+    dists = subset_inputs(table)
+    if dists:
+        summary = "; ".join(f"{label}: k={d.k} of {d.n_full}, mean {pct(d.mean)}, 95% of subsets in "
+                            f"[{pct(d.low)}, {pct(d.high)}]" for label, d in dists.items())
+        parts.append(_img(subset_histogram(dists), "subset histogram",
+                          f"Worst-case accuracy over {len(next(iter(dists.values())).values):,} random k-subsets "
+                          f"(dashed: full set). {summary}."))
+    conv = convergence_plot(table)
+    if conv is not None:
+        parts.append(_img(conv, "convergence plot", "Robust accuracy against attack iterations (acc_trace)."))
+    eps = eps_plot(table)
+    if eps is not None:
+        parts.append(_img(eps, "epsilon plot", "Robust accuracy against ε (lowest attack column at each ε)."))
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f"<style>{_STYLE}</style></head>\n<body>\n{body}\n{_CHECK}\n</body></html>\n")
+
+
+__all__ = ["render_html", "WORST"]

@@ -1,0 +1,107 @@
+"""Read a run directory (layout in TEAM.md / harness.store) into a :class:`RunData`.
+
+Uses ``harness.store.load_records`` when the store exists, else reads the Parquet shards
+with pandas, so reports work on any directory with the documented layout.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REQUIRED_COLUMNS = ("index", "stage", "attack", "correct_all")
+
+
+@dataclass
+class RunData:
+    """Everything a report needs from one run directory."""
+
+    path: Path
+    run_id: str
+    defense: str
+    dataset: str
+    records: pd.DataFrame
+    config: dict[str, Any] = field(default_factory=dict)
+    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    # attack name -> list of (acc_trace, number of samples in that shard)
+    traces: dict[str, list[tuple[list[float], int]]] = field(default_factory=dict)
+
+
+def _read_records(run_dir: Path) -> pd.DataFrame:
+    try:
+        from harness.store import load_records  # written by the spine helper
+    except ImportError:
+        load_records = None
+    if load_records is not None:
+        return load_records(run_dir)
+    shards = sorted((run_dir / "records").glob("shard-*.parquet"))
+    if not shards:
+        raise FileNotFoundError(f"{run_dir}: no records/shard-*.parquet found; is this a run directory "
+                                "written by `harness run`?")
+    return pd.concat([pd.read_parquet(s) for s in shards], ignore_index=True)
+
+
+def _name(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for key in ("name", "spec", "id"):
+            if isinstance(value.get(key), str):
+                return value[key]
+    return None
+
+
+def _find(config: dict[str, Any], key: str) -> str | None:
+    """``config[key]`` as a name, also looking one table deep (e.g. ``[run] defense = ...``)."""
+    found = _name(config.get(key))
+    if found:
+        return found
+    for value in config.values():
+        if isinstance(value, dict) and key in value:
+            found = _name(value[key])
+            if found:
+                return found
+    return None
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Load records, config, diagnostics and per-shard side data of one run."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"run directory {path} does not exist (expected runs/<run-id>/ from `harness run`)")
+    records = _read_records(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in records.columns]
+    if missing:
+        raise ValueError(f"{path}: records lack columns {missing}; expected the long format of TEAM.md "
+                         f"(columns present: {sorted(records.columns)})")
+    config: dict[str, Any] = {}
+    if (path / "config.toml").exists():
+        config = tomllib.loads((path / "config.toml").read_text())
+    diagnostics: list[dict[str, Any]] = []
+    if (path / "diagnostics.json").exists():
+        loaded = json.loads((path / "diagnostics.json").read_text())
+        diagnostics.extend(loaded if isinstance(loaded, list) else loaded.get("diagnostics", []))
+    traces: dict[str, list[tuple[list[float], int]]] = {}
+    counts = records.groupby("shard")["index"].nunique().to_dict() if "shard" in records.columns else {}
+    for side in sorted((path / "records").glob("shard-*.json")):
+        data = json.loads(side.read_text())
+        shard_no = int(side.stem.split("-")[-1])
+        for name, info in (data.get("attacks") or {}).items():
+            trace = (info or {}).get("acc_trace")
+            if trace:
+                traces.setdefault(name, []).append(([float(v) for v in trace], int(counts.get(shard_no, 1))))
+        for diag in data.get("diagnostics") or []:
+            if diag not in diagnostics:
+                diagnostics.append(diag)
+    return RunData(path=path, run_id=path.name, defense=_find(config, "defense") or path.name,
+                   dataset=_find(config, "dataset") or "unknown", records=records, config=config,
+                   diagnostics=diagnostics, traces=traces)

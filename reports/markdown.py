@@ -1,0 +1,16 @@
+"""Markdown table: one row per defense, a column per attack plus worst case."""
+from __future__ import annotations
+
+from .stochastic_section import stochastic_markdown
+from .table import Table, cell_text, planning_note
+
+
+def render_markdown(table: Table) -> str:
+    header = ["defense", "n", *table.columns, "flags"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    for row in table.rows:
+        cells = [cell_text(row.cells.get(c)) for c in table.columns]
+        lines.append("| " + " | ".join([row.label, str(row.n), *cells, ", ".join(row.flags) or "-"]) + " |")
+    lines += ["", table.settings.describe(), "", planning_note(table)]
+    extra = stochastic_markdown(table)
+    return "\n".join(lines) + "\n" + ("\n" + extra if extra else "")

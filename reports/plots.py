@@ -1,0 +1,129 @@
+"""Report plots (matplotlib, Agg, no pyplot state) returned as PNG bytes.
+
+Forest plot of accuracy ± interval, subset histogram, robust accuracy vs attack iterations
+(``acc_trace`` from the shard side data) and vs ε when several ε are recorded.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from harness.subsets import SubsetDistribution
+
+from .table import Table
+from .outcomes import WORST
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def forest_plot(table: Table) -> bytes:
+    """Accuracy with its bootstrap interval for every (defense, attack) cell."""
+    labels, est, low, high = [], [], [], []
+    for row in table.rows:
+        for col in table.columns:
+            cell = row.cells.get(col)
+            if cell is not None:
+                labels.append(f"{row.label} / {col}")
+                est.append(100 * cell.boot.estimate)
+                low.append(100 * cell.boot.low)
+                high.append(100 * cell.boot.high)
+    y = np.arange(len(labels))[::-1]
+    fig = Figure(figsize=(7, 0.35 * len(labels) + 1.2))
+    ax = fig.add_subplot()
+    est_a = np.array(est)
+    ax.errorbar(est_a, y, xerr=[est_a - np.array(low), np.array(high) - est_a], fmt="o", capsize=3)
+    ax.set_yticks(y, labels)
+    ax.set_xlabel(f"accuracy (%) with {table.settings.confidence * 100:g}% bootstrap interval")
+    ax.set_xlim(0, 100)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def subset_histogram(dists: dict[str, SubsetDistribution]) -> bytes:
+    """Histogram of accuracy over random k-subsets per defense, full-set value marked."""
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    for i, (label, d) in enumerate(dists.items()):
+        color = f"C{i % 10}"
+        ax.hist(100 * d.values, bins=40, alpha=0.5, color=color,
+                label=f"{label}: k={d.k}, 95% of subsets in [{100 * d.low:.1f}, {100 * d.high:.1f}]")
+        ax.axvline(100 * d.full, color=color, linestyle="--", linewidth=2)
+    ax.set_xlabel("worst-case accuracy (%) on a random k-subset; dashed = full set")
+    ax.set_ylabel("subsets")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def convergence_plot(table: Table) -> bytes | None:
+    """Robust accuracy vs attack iteration from the shards' ``acc_trace`` (sample-weighted over shards)."""
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    drawn = 0
+    for row in table.rows:
+        for attack, parts in row.run.traces.items():
+            length = max(len(t) for t, _ in parts)
+            padded = np.array([np.pad(t, (0, length - len(t)), mode="edge") for t, _ in parts])
+            weights = np.array([w for _, w in parts], dtype=float)
+            ax.plot(np.arange(length), 100 * weights @ padded / weights.sum(), label=f"{row.label} / {attack}")
+            drawn += 1
+    if not drawn:
+        return None
+    ax.set_xlabel("attack iteration")
+    ax.set_ylabel("robust accuracy (%)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def eps_points(table: Table) -> dict[str, list[tuple[float, float]]]:
+    """Per defense and norm: (ε, lowest cumulative robust accuracy among attacks at that ε)."""
+    points: dict[str, dict[float, float]] = {}
+    for row in table.rows:
+        for attack, budget in row.budgets.items():
+            eps, norm = budget.get("eps"), budget.get("norm", "")
+            if not isinstance(eps, (int, float)) or attack not in row.cells:
+                continue
+            key = f"{row.run.defense} ({norm})" if norm else row.run.defense
+            acc = row.cells[attack].accuracy
+            slot = points.setdefault(key, {})
+            slot[float(eps)] = min(acc, slot.get(float(eps), 1.0))
+    return {k: sorted(v.items()) for k, v in points.items() if len(v) >= 2}
+
+
+def eps_plot(table: Table) -> bytes | None:
+    """Robust accuracy vs ε, drawn only where a defense has records at several ε."""
+    points = eps_points(table)
+    if not points:
+        return None
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    for label, pts in points.items():
+        e, a = zip(*pts)
+        ax.plot(e, 100 * np.array(a), marker="o", label=label)
+    ax.set_xlabel("ε")
+    ax.set_ylabel("robust accuracy (%)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def subset_inputs(table: Table, k: int = 512, n_subsets: int = 2_000) -> dict[str, SubsetDistribution]:
+    """Worst-case subset distributions per row; k shrinks to n//2 for small runs (the plot says k)."""
+    from harness.subsets import subset_distribution
+
+    out = {}
+    for row in table.rows:
+        n = len(row.outcomes)
+        kk = k if k < n else n // 2
+        if kk >= 1:
+            out[row.label] = subset_distribution(row.outcomes[WORST].to_numpy(), kk, n_subsets=n_subsets,
+                                                 seed=table.settings.seed)
+    return out

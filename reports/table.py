@@ -1,0 +1,129 @@
+"""The report's table model: one row per defense (run), a cell per attack plus worst case.
+
+Each cell carries the bootstrap interval (BCa by default) and, for 0/1 outcomes, the
+Wilson interval beside it. All formats (markdown, latex, csv, json, html) render this model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.stats import Interval, bootstrap, wilson
+
+from .load import RunData, load_run
+from .outcomes import CRITERION_TEXT, WORST, budgets, check_criterion, eval_draws, outcome_table, stage_flags
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How intervals are computed; shown in every report."""
+
+    criterion: str = "all"
+    confidence: float = 0.95
+    seed: int = 0
+    n_resamples: int = 10_000
+    method: str = "BCa"
+
+    def describe(self) -> str:
+        pct = f"{self.confidence * 100:g}%"
+        return (f"Accuracy in % over n samples; [low, high] = {pct} bootstrap interval over samples "
+                f"({self.method}, {self.n_resamples:,} resamples, seed {self.seed}); W[low, high] = {pct} Wilson "
+                f"score interval. Attack columns are cumulative robust accuracy in battery order (cascade); "
+                f"worst-case = clean correct and robust at every attempted attack. Stochastic criterion: "
+                f"{CRITERION_TEXT[self.criterion]}.")
+
+
+@dataclass
+class Cell:
+    attack: str
+    boot: Interval
+    wilson: Interval | None
+    flags: list[str]
+
+    @property
+    def accuracy(self) -> float:
+        return self.boot.estimate
+
+
+@dataclass
+class Row:
+    run: RunData
+    label: str
+    n: int
+    draws: int
+    cells: dict[str, Cell]
+    outcomes: pd.DataFrame
+    budgets: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def flags(self) -> list[str]:
+        return sorted({f for c in self.cells.values() for f in c.flags})
+
+
+@dataclass
+class Table:
+    columns: list[str]  # "clean", attacks in order of first appearance, "worst-case"
+    rows: list[Row]
+    settings: Settings
+
+
+def _cell(attack: str, values: np.ndarray, flags: list[str], s: Settings) -> Cell:
+    boot = bootstrap(values, confidence=s.confidence, seed=s.seed, n_resamples=s.n_resamples, method=s.method)
+    binary = bool(np.all((values == 0) | (values == 1)))
+    wil = wilson(int(values.sum()), int(values.size), s.confidence) if binary else None
+    return Cell(attack, boot, wil, flags)
+
+
+def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
+    outcomes = outcome_table(run.records, s.criterion)
+    flags = stage_flags(run.records, run.diagnostics)
+    cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), s) for name in outcomes.columns}
+    return Row(run=run, label=label or run.defense, n=len(outcomes), draws=eval_draws(run.records), cells=cells,
+               outcomes=outcomes, budgets=budgets(run.records))
+
+
+def build_table(run_dirs: list[Path] | list[RunData], settings: Settings | None = None) -> Table:
+    """Load runs (paths or already loaded) and compute every cell."""
+    s = settings or Settings()
+    check_criterion(s.criterion)
+    if not run_dirs:
+        raise ValueError("give at least one run directory")
+    runs = [r if isinstance(r, RunData) else load_run(r) for r in run_dirs]
+    names = [r.defense for r in runs]
+    labels = [f"{r.defense} ({r.run_id})" if names.count(r.defense) > 1 else r.defense for r in runs]
+    rows = [build_row(run, s, label) for run, label in zip(runs, labels)]
+    columns: list[str] = ["clean"]
+    for row in rows:
+        columns += [c for c in row.cells if c not in columns and c != WORST]
+    columns.append(WORST)
+    return Table(columns=columns, rows=rows, settings=s)
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def cell_text(cell: Cell | None, with_wilson: bool = True) -> str:
+    """``62.1 [57.9, 66.3] W[57.8, 66.2]`` (percent, one decimal); ``-`` for a missing cell."""
+    if cell is None:
+        return "-"
+    text = f"{pct(cell.boot.estimate)} [{pct(cell.boot.low)}, {pct(cell.boot.high)}]"
+    if with_wilson and cell.wilson is not None:
+        text += f" W[{pct(cell.wilson.low)}, {pct(cell.wilson.high)}]"
+    return text
+
+
+def planning_note(table: Table, half_width: float = 0.01) -> str:
+    """How many samples a ±1-point interval needs at each row's worst-case accuracy."""
+    from harness.planning import n_for_half_width
+
+    parts = []
+    for row in table.rows:
+        p = row.cells[WORST].accuracy
+        n = n_for_half_width(p, half_width, table.settings.confidence)
+        parts.append(f"{row.label}: n = {n:,} at {pct(p)}%")
+    return (f"Samples needed for a ±{100 * half_width:g}-point {table.settings.confidence * 100:g}% Wilson interval "
+            f"at the worst-case accuracy: " + "; ".join(parts) + ".")

@@ -1,0 +1,86 @@
+"""Shared fixtures: a tiny CNN defense factory and data roots (real CIFAR-10 and a synthetic stand-in)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from harness.defense import Defense
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class TinyCNN(nn.Module):
+    """A 2-conv CNN for 3x32x32 inputs: milliseconds per batch on one core."""
+
+    def __init__(self, num_classes: int = 10, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                                 nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() > 1 else 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x - 0.5)
+
+
+def tiny_defense(purifier: nn.Module | None = None, *, stochastic: bool = False, num_classes: int = 10,
+                 name: str = "tiny") -> Defense:
+    return Defense(TinyCNN(num_classes).eval(), purifier, num_classes=num_classes, stochastic=stochastic, name=name)
+
+
+@pytest.fixture
+def make_tiny_defense():
+    """Factory fixture: ``make_tiny_defense(purifier=None, stochastic=False)`` -> Defense around TinyCNN."""
+    return tiny_defense
+
+
+def synthetic_images(n: int, seed: int = 0) -> np.ndarray:
+    """Smooth random uint8 NHWC images (blocky, so they survive bit-depth reduction distinctly)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8)
+    return np.repeat(np.repeat(small, 4, axis=1), 4, axis=2)
+
+
+def write_model_labelled_npz(root: Path, n: int = 48, name: str = "cifar10") -> Path:
+    """A stand-in test split whose labels are TinyCNN's own predictions, so clean accuracy is 100%
+    and every robust-accuracy drop is the attack's doing."""
+    x = synthetic_images(n)
+    with torch.no_grad():
+        y = TinyCNN()(torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255).argmax(1).numpy().astype(np.int64)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{name}_test.npz"
+    np.savez(path, x=x, y=y)
+    return path
+
+
+@pytest.fixture
+def tiny_data_root(tmp_path: Path) -> Path:
+    """A data root holding a 48-image synthetic ``cifar10_test.npz`` labelled by TinyCNN."""
+    root = tmp_path / "data"
+    write_model_labelled_npz(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def cifar_root() -> Path:
+    """The real CIFAR-10 root: ``$HARNESS_DATA`` or ``<repo>/../shared/data``; skips if absent."""
+    root = Path(os.environ.get("HARNESS_DATA") or REPO.parent / "shared" / "data")
+    if not (root / "cifar10_test.npz").is_file():
+        pytest.skip(f"real CIFAR-10 not found at {root} (set HARNESS_DATA)")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tests share a small machine: one intra-op thread."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -1,0 +1,88 @@
+"""Paired and unpaired comparisons (issue 4 parts 2 and 9)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.paired import compare_outcomes, compare_paired, mcnemar_exact, newcombe_difference, two_proportion_test
+
+
+def _identical_defenses(rng: np.random.Generator, n: int, p: float = 0.6, discord: float = 0.1):
+    """Two defenses with the same true accuracy: shared difficulty, then each flips independently."""
+    base = rng.random(n) < p
+    a, b = base.copy(), base.copy()
+    flip_a, flip_b = rng.random(n) < discord / 2, rng.random(n) < discord / 2
+    # symmetric noise: flip to the opposite with prob discord/2, keeping the marginal accuracy equal
+    a[flip_a] = rng.random(flip_a.sum()) < p
+    b[flip_b] = rng.random(flip_b.sum()) < p
+    return a.astype(float), b.astype(float)
+
+
+def test_mcnemar_false_positive_rate_on_identical_defenses() -> None:
+    rng = np.random.default_rng(42)
+    sims = 2_000
+    rejections = sum(mcnemar_exact(*_identical_defenses(rng, 512))[0] < 0.05 for _ in range(sims))
+    rate = rejections / sims
+    # exact McNemar is conservative; allow 5% + 3 simulation standard errors
+    assert rate <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / sims), rate
+
+
+def test_paired_bootstrap_interval_false_positive_rate() -> None:
+    # the paired bootstrap interval excludes 0 on identical defenses at most ~5% of the time
+    rng = np.random.default_rng(7)
+    sims = 300  # each call runs a full BCa bootstrap; 300 keeps the test short
+    excl = 0
+    for i in range(sims):
+        a, b = _identical_defenses(rng, 512)
+        d = compare_paired(a, b, n_resamples=1_000, seed=i).difference
+        excl += not d.contains(0.0)
+    rate = excl / sims
+    assert rate <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / sims), rate
+
+
+def test_paired_test_detects_real_difference() -> None:
+    rng = np.random.default_rng(1)
+    base = rng.random(512) < 0.5
+    better = base | (rng.random(512) < 0.12)  # strictly more robust samples
+    res = compare_paired(better.astype(float), base.astype(float), n_resamples=2_000)
+    assert res.paired and res.p_value < 1e-3 and res.difference.low > 0
+    assert res.b_only == 0 and res.a_only == int((better & ~base).sum())
+    assert res.difference.method == "paired-bootstrap-bca"
+
+
+def test_mcnemar_exact_values() -> None:
+    a = np.array([1] * 10 + [0] * 2 + [1] * 20, dtype=float)
+    b = np.array([0] * 10 + [1] * 2 + [1] * 20, dtype=float)
+    p, a_only, b_only = mcnemar_exact(a, b)
+    assert (a_only, b_only) == (10, 2)
+    assert p == pytest.approx(0.0385742, rel=1e-4)  # 2 * P(Binom(12, .5) <= 2)
+    assert mcnemar_exact(a, a)[0] == 1.0
+
+
+def test_different_sample_sets_fall_back_to_unpaired_with_reason() -> None:
+    rng = np.random.default_rng(0)
+    a = pd.Series((rng.random(400) < 0.6).astype(float), index=np.arange(400))
+    b = pd.Series((rng.random(400) < 0.6).astype(float), index=np.arange(200, 600))
+    res = compare_outcomes(a, b, n_resamples=1_000)
+    assert not res.paired
+    assert "different samples (400 and 400 samples, 200 shared)" in res.warning
+    assert "wider" in res.warning and "less power" in res.warning
+    same = compare_outcomes(a, a.copy(), n_resamples=1_000)
+    assert same.paired and same.warning is None
+
+
+def test_two_proportion_and_newcombe_agree_on_significance() -> None:
+    z, p = two_proportion_test(318, 512, 285, 512)
+    d = newcombe_difference(318, 512, 285, 512)
+    assert p == pytest.approx(0.0361, abs=5e-4)
+    assert d.low > 0 and d.method == "newcombe-hybrid-score"
+    z0, p0 = two_proportion_test(300, 512, 295, 512)
+    assert p0 > 0.5 and newcombe_difference(300, 512, 295, 512).contains(0.0)
+
+
+def test_paired_length_mismatch_is_an_error() -> None:
+    with pytest.raises(ValueError, match="equal length"):
+        compare_paired(np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match="0/1"):
+        mcnemar_exact(np.array([0.5]), np.array([1.0]))
