@@ -10,9 +10,11 @@ query the target without gradients. Not an attack itself (no registration here).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +25,19 @@ from harness.target import Target
 from .base import AttackResult, Norm, project
 
 LOG = logging.getLogger("harness.attacks")
+
+
+@contextlib.contextmanager
+def quiet_stdout(logger: logging.Logger = LOG) -> Iterator[None]:
+    """Redirect what a third-party library prints (e.g. torchattacks' device notice) to ``logger`` at DEBUG."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        for line in buf.getvalue().splitlines():
+            if line.strip():
+                logger.debug("%s", line)
 
 
 def view(target: Target, grad_mode: str | None, eot: int | None) -> Target:

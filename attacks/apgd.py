@@ -12,7 +12,7 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, trace_apgd, view
+from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, quiet_stdout, trace_apgd, view
 from .base import Attack, AttackResult, Norm, register_attack
 
 LOSSES = ("ce", "dlr")
@@ -52,7 +52,8 @@ class APGD(Attack):
                           use_largereps=self.use_largereps, logger=logging.getLogger("auto-attack"))
         trace: list[float] = []
         trace_apgd(apgd, probe, x.shape[0], trace)
-        x_adv = apgd.perturb(x, y)
+        with quiet_stdout():  # upstream prints in a few corner cases
+            x_adv = apgd.perturb(x, y)
         return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws),
                         extras={"acc_trace": trace, "eot": t.eot})
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, trace_apgd, view
+from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, quiet_stdout, trace_apgd, view
 from .base import Attack, AttackResult, Norm, register_attack
 
 VERSIONS = ("standard", "rand")
@@ -65,7 +65,8 @@ class AutoAttackAdapter(Attack):
         aa.apgd_targeted.n_target_classes = aa.fab.n_target_classes = n_targets
         trace: list[float] = []
         trace_apgd(aa.apgd, probe, x.shape[0], trace)
-        x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=x.shape[0])
+        with quiet_stdout():  # upstream prints in a few corner cases
+            x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=x.shape[0])
         return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws),
                         extras={"acc_trace": trace, "eot": eot_iter if self.version == "rand" else t.eot})
 

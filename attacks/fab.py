@@ -10,7 +10,7 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import CountedModule, default_draws, finalize, view
+from ._thirdparty import CountedModule, default_draws, finalize, quiet_stdout, view
 from .base import Attack, AttackResult, Norm, register_attack
 
 
@@ -43,7 +43,8 @@ class FAB(Attack):
                            alpha_max=self.alpha_max, eta=self.eta, beta=self.beta, verbose=False, seed=seed,
                            targeted=self.targeted, device=x.device,
                            n_target_classes=min(self.targets, target.num_classes - 1))
-        x_adv = fab.perturb(x, y)
+        with quiet_stdout():  # upstream prints in a few corner cases
+            x_adv = fab.perturb(x, y)
         return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws),
                         extras={"eot": t.eot})
 

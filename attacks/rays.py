@@ -66,11 +66,11 @@ class RayS(Attack):
         radius[ok] = float(hi - lo)
         self._shrink(adversarial, all_idx[ok], sign[ok], radius, torch.zeros(int(ok.sum()), device=x.device))
 
-        level, block = 0, 0
+        level, block, max_level = 0, 0, math.ceil(math.log2(dim))
         while True:
             active = (radius > self.eps) & (used < self.queries)
             trace.append((radius > self.eps).float().mean().item())
-            if not active.any() or 2 ** level > dim:
+            if not active.any():
                 break
             size = math.ceil(dim / 2 ** level)
             start, end = block * size, min(dim, (block + 1) * size)
@@ -87,7 +87,8 @@ class RayS(Attack):
                 self._shrink(adversarial, keep, cand[better], radius, torch.zeros(len(keep), device=x.device))
             block += 1
             if block == 2 ** level or end == dim:
-                level, block = level + 1, 0
+                # as the original: after single-coordinate blocks, keep cycling over single coordinates
+                level, block = min(level + 1, max_level), 0
         x_adv = (x + torch.where(torch.isfinite(radius), radius, torch.zeros_like(radius)).view(-1, *([1] * (x.dim() - 1)))
                  * sign.view_as(x)).clamp(lo, hi)
         return finalize(target, x, x_adv, y, eps=self.eps, norm="Linf", draws=draws,

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import default_draws, finalize
+from ._thirdparty import default_draws, finalize, quiet_stdout
 from .base import Attack, AttackResult, Norm, register_attack
 
 
@@ -61,7 +61,8 @@ class Square(Attack):
                           n_restarts=self.restarts, seed=seed, verbose=False, loss=self.loss,
                           resc_schedule=self.rescale_schedule, device=x.device)
         with torch.no_grad():
-            x_adv = sq.perturb(x, y)
+            with quiet_stdout():  # upstream prints in a few corner cases
+                x_adv = sq.perturb(x, y)
         result = finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=draws,
                           extras={"acc_trace": trace[1:], "queries": counter["rows"] / n, "draws": draws})
         return result

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import CountedModule, default_draws, finalize, view
+from ._thirdparty import CountedModule, default_draws, finalize, quiet_stdout, view
 from .base import ATTACKS, Attack, AttackResult, Norm, register_attack
 
 # torchattacks 3.5.1's ``__all__`` minus the wrappers (MultiAttack, LGV take attacks, not a model).
@@ -77,10 +77,11 @@ class TorchAttack(Attack):
 
         t = view(target, self.grad_mode, self.eot)
         model = CountedModule(t).eval()
-        atk = getattr(torchattacks, self.cls)(model, **self._options)
-        atk.set_device(x.device)
-        torch.manual_seed(seed)  # torchattacks draws its random starts from the global RNG
-        x_adv = atk(x, y)
+        with quiet_stdout():
+            atk = getattr(torchattacks, self.cls)(model, **self._options)
+            atk.set_device(x.device)
+            torch.manual_seed(seed)  # torchattacks draws its random starts from the global RNG
+            x_adv = atk(x, y)
         return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws))
 
 

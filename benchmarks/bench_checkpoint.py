@@ -13,12 +13,14 @@ after setup and a warm-up (one S=1 step), the process's peak-RSS counter is rese
 to ``/proc/self/clear_refs``; the figure reported is ``VmHWM`` after the measured step minus
 ``VmRSS`` just before it, i.e. the extra resident memory the step needed at its peak. Where
 ``clear_refs`` is unavailable, it falls back to the ``ru_maxrss`` increase (an underestimate when
-setup peaked higher). Time is the wall time of that one step with ``--threads`` torch threads.
+setup peaked higher). Workers run with ``MALLOC_MMAP_THRESHOLD_=65536`` and ``MALLOC_TRIM_THRESHOLD_=0``
+so glibc returns freed tensor memory to the OS at once and RSS tracks live memory. Time is the wall time of that one step with ``--threads`` torch threads.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -98,7 +100,8 @@ def main() -> int:
                 continue
             cmd = [sys.executable, __file__, "--worker", "--S", str(S), "--method", method, "--batch", str(args.batch),
                    "--threads", str(args.threads), "--mae", args.mae, "--data-root", args.data_root]
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 results[(S, method)] = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
             else:

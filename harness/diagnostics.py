@@ -72,10 +72,11 @@ def after_stage(outcome: Any) -> list[Flag]:
         for check in CHECKS:
             flag = check(ctx)
             if flag is not None:
-                flag.escalate = escalation.rules(flag.code, spec=outcome.spec, attack=outcome.attack,
-                                                 has_purifier=ctx.defense.purifier is not None, grad_mode=ctx.grad_mode,
-                                                 stochastic=ctx.defense.stochastic, has_aux=ctx.has_aux, eot=ctx.eot,
-                                                 value=flag.value)
+                specs = escalation.rules(flag.code, spec=outcome.spec, attack=outcome.attack,
+                                         has_purifier=ctx.defense.purifier is not None, grad_mode=ctx.grad_mode,
+                                         stochastic=ctx.defense.stochastic, has_aux=ctx.has_aux, eot=ctx.eot,
+                                         value=flag.value)
+                flag.escalate = escalation.buildable(specs, outcome.attack.eps, outcome.attack.norm)
                 flags.append(flag)
     return flags
 

@@ -82,6 +82,21 @@ def gradient_free(stochastic: bool, norm: str) -> list[dict[str, Any]]:
     return out
 
 
+def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[str, Any]]:
+    """The specs that build under the run's threat model (e.g. an attack without a ``steps`` option
+    cannot be escalated with more steps; RayS is ℓ∞-only); the others are dropped, never run half-valid."""
+    from harness.battery import AttackSpec
+
+    out = []
+    for spec in specs:
+        try:
+            AttackSpec.from_dict(spec).build(eps, norm)
+        except (TypeError, ValueError, LookupError):
+            continue
+        out.append(spec)
+    return out
+
+
 def rules(code: str, *, spec: Any, attack: Any, has_purifier: bool, grad_mode: str, stochastic: bool,
           has_aux: bool, eot: int = 1, value: float = math.nan) -> list[dict[str, Any]]:
     """Escalation specs for a flag ``code`` raised on the stage ``spec``/``attack`` (empty: none applies)."""

@@ -9,8 +9,10 @@ Methods:
   activations are recomputed during the backward pass. Handles parameters and closed-over tensors
   automatically, and steps that call ``torch.autograd.grad(..., create_graph=True)``.
 - ``"recompute"``: a custom autograd Function that stores only the S states and, backwards, recomputes
-  one step at a time and takes its vector–Jacobian product. Leaner bookkeeping than checkpoint (no
-  saved-tensor hooks); gradients reach only ``x0`` and the tensors listed in ``params``.
+  one step at a time and takes its vector–Jacobian product. Faster when steps differentiate an inner
+  loss: its forward pass runs the steps without building any graph (first-order inner gradients
+  only), where checkpoint's forward builds the second-order graph and then discards it. Gradients
+  reach only ``x0`` and the tensors listed in ``params``; its backward is first order only.
 - ``"naive"``: plain autograd (memory grows linearly with S); the reference the others are tested against.
 
 Randomness is replayed exactly in the recomputation: every step receives a fresh
@@ -28,6 +30,7 @@ from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 StepFn = Callable[[Tensor, int, torch.Generator], Tensor]
@@ -101,6 +104,7 @@ class _Recompute(torch.autograd.Function):
         return x
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         states, params = ctx.saved_tensors, ctx.params
         wanted = [p for p in params if p.requires_grad]

@@ -32,8 +32,8 @@ class RunData:
     records: pd.DataFrame
     config: dict[str, Any] = field(default_factory=dict)
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
-    # attack name -> list of (acc_trace, number of samples in that shard)
-    traces: dict[str, list[tuple[list[float], int]]] = field(default_factory=dict)
+    # attack name -> per shard (acc_trace among the attempted samples, attempted count, samples in the shard)
+    traces: dict[str, list[tuple[list[float], int, int]]] = field(default_factory=dict)
 
 
 def _read_records(run_dir: Path) -> pd.DataFrame:
@@ -90,7 +90,7 @@ def load_run(run_dir: str | Path) -> RunData:
     if (path / "diagnostics.json").exists():
         loaded = json.loads((path / "diagnostics.json").read_text())
         diagnostics.extend(loaded if isinstance(loaded, list) else loaded.get("diagnostics", []))
-    traces: dict[str, list[tuple[list[float], int]]] = {}
+    traces: dict[str, list[tuple[list[float], int, int]]] = {}
     counts = records.groupby("shard")["index"].nunique().to_dict() if "shard" in records.columns else {}
     for side in sorted((path / "records").glob("shard-*.json")):
         data = json.loads(side.read_text())
@@ -98,7 +98,9 @@ def load_run(run_dir: str | Path) -> RunData:
         for name, info in (data.get("attacks") or {}).items():
             trace = (info or {}).get("acc_trace")
             if trace:
-                traces.setdefault(name, []).append(([float(v) for v in trace], int(counts.get(shard_no, 1))))
+                size = int(counts.get(shard_no, 1))
+                attempted = int((info or {}).get("attempted", size))
+                traces.setdefault(name, []).append(([float(v) for v in trace], attempted, size))
         for diag in data.get("diagnostics") or []:
             if diag not in diagnostics:
                 diagnostics.append(diag)

@@ -62,20 +62,32 @@ def subset_histogram(dists: dict[str, SubsetDistribution]) -> bytes:
     return _png(fig)
 
 
-def convergence_plot(table: Table) -> bytes | None:
-    """Robust accuracy vs attack iteration from the shards' ``acc_trace`` (sample-weighted over shards)."""
-    fig = Figure(figsize=(7, 3.2))
-    ax = fig.add_subplot()
-    drawn = 0
+def convergence_curves(table: Table) -> dict[str, np.ndarray]:
+    """Robust accuracy over all samples vs attack iteration, per "defense / attack".
+
+    A shard's ``acc_trace`` is the accuracy among the samples the attack attempted; weighting by
+    the attempted count and dividing by all samples makes the curve end at the table's cell.
+    """
+    curves = {}
     for row in table.rows:
         for attack, parts in row.run.traces.items():
-            length = max(len(t) for t, _ in parts)
-            padded = np.array([np.pad(t, (0, length - len(t)), mode="edge") for t, _ in parts])
-            weights = np.array([w for _, w in parts], dtype=float)
-            ax.plot(np.arange(length), 100 * weights @ padded / weights.sum(), label=f"{row.label} / {attack}")
-            drawn += 1
-    if not drawn:
+            length = max(len(t) for t, _, _ in parts)
+            padded = np.array([np.pad(t, (0, length - len(t)), mode="edge") for t, _, _ in parts])
+            attempted = np.array([a for _, a, _ in parts], dtype=float)
+            total = sum(size for _, _, size in parts)
+            curves[f"{row.label} / {attack}"] = attempted @ padded / total
+    return curves
+
+
+def convergence_plot(table: Table) -> bytes | None:
+    """Plot of :func:`convergence_curves`; None when no run recorded an ``acc_trace``."""
+    curves = convergence_curves(table)
+    if not curves:
         return None
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    for label, curve in curves.items():
+        ax.plot(np.arange(len(curve)), 100 * curve, label=label)
     ax.set_xlabel("attack iteration")
     ax.set_ylabel("robust accuracy (%)")
     ax.legend(fontsize=7)

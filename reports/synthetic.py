@@ -78,17 +78,16 @@ def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: 
         part = records[records["shard"] == s].reset_index(drop=True)
         part.to_parquet(path / "records" / f"shard-{s:05d}.parquet", index=False)
         attacks: dict[str, Any] = {}
-        prev = None
         for stage in sorted(part["stage"].unique()):
             rows = part[part["stage"] == stage]
-            acc = float((rows["correct_all"] & rows["attempted"]).mean())
             if stage == 0:
-                prev = acc
                 continue
-            start = prev if prev is not None else 1.0
-            # geometric approach from the previous stage's accuracy to this stage's final accuracy
+            tried = rows[rows["attempted"]]
+            final = float(tried["correct_all"].mean()) if len(tried) else 0.0
+            # accuracy among the attempted samples decays from 1 to its final value over the iterations
             t = np.linspace(0, 1, trace_points)
-            attacks[str(rows["attack"].iloc[0])] = {"acc_trace": list(acc + (start - acc) * np.exp(-6 * t))}
-            prev = acc
+            decay = (np.exp(-6 * t) - np.exp(-6)) / (1 - np.exp(-6))  # 1 at the start, exactly 0 at the end
+            attacks[str(rows["attack"].iloc[0])] = {"attempted": int(len(tried)),
+                                                    "acc_trace": list(final + (1 - final) * decay)}
         (path / "records" / f"shard-{s:05d}.json").write_text(json.dumps({"attacks": attacks, "diagnostics": []}))
     return path

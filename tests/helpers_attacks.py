@@ -41,7 +41,7 @@ def tiny_cnn() -> nn.Module:
     return net.eval()
 
 
-def test_batch(n: int = 32) -> tuple[Tensor, Tensor]:
+def attack_batch(n: int = 32) -> tuple[Tensor, Tensor]:
     return synthetic(n, 1)
 
 
@@ -112,6 +112,8 @@ def make(kind: str) -> Defense:
         return Defense(net, Quantize(), num_classes=NUM_CLASSES, name="quantize")
     if kind == "noise":
         return Defense(net, Noise(0.5), num_classes=NUM_CLASSES, stochastic=True, name="noise")
+    if kind == "noise-small":  # stochastic, but every draw classifies like the plain model
+        return Defense(net, Noise(0.01), num_classes=NUM_CLASSES, stochastic=True, name="noise-small")
     if kind == "sign":
         return Defense(net, SignStep(), num_classes=NUM_CLASSES, name="sign-step")
     raise ValueError(kind)

@@ -10,7 +10,7 @@ import torch
 from attacks import create_attack, list_attacks
 from attacks.base import perturbation_norms
 from harness.target import Target
-from helpers_attacks import make, test_batch
+from helpers_attacks import attack_batch, make
 
 torch.set_num_threads(1)
 
@@ -41,7 +41,7 @@ GRADIENT_FREE = {"square", "rays"}
 
 @pytest.fixture(scope="module")
 def batch():
-    return test_batch(24)
+    return attack_batch(24)
 
 
 def test_clean_accuracy_is_high(batch):
@@ -60,8 +60,10 @@ def test_attack_breaks_undefended_model(spec, opts, batch):
     logits = target.defense(res.x_adv)
     acc = (logits.argmax(1) == y).float().mean().item()
     assert acc <= 0.1, f"{spec}: accuracy {acc:.2f} after the attack"
-    # the attack's own verdict agrees with an independent evaluation (deterministic model)
-    assert torch.equal(res.success, logits.argmax(1) != y)
+    # the attack's own verdict agrees with an independent evaluation (deterministic model), except
+    # exactly on the decision boundary where minimum-norm attacks (FAB) land and float noise decides
+    clear = res.margin.abs() > 1e-3
+    assert torch.equal(res.success[clear], (logits.argmax(1) != y)[clear])
     # stays in the threat model and the input bounds
     linf, l2 = perturbation_norms(x, res.x_adv)
     if attack.norm == "Linf":
@@ -124,19 +126,21 @@ def test_gradient_mode_is_honoured(batch):
 def test_eot_draws_are_spent_and_counted(batch):
     x, y = batch
     x, y = x[:8], y[:8]
-    d = make("noise")
-    one, four = Target(d, eot=1), Target(d, eot=4)
+    plain = make("plain")
+    one, four = Target(plain, eot=1), Target(plain, eot=4)
     create_attack("apgd-ce", eps=0.0, steps=5)(one, x, y, seed=0)
     create_attack("apgd-ce", eps=0.0, steps=5)(four, x, y, seed=0)
     # eps=0: nothing is ever broken, so both do the same iterations; EOT-4 costs 4x the gradient passes
     assert four.budget.backward == 4 * one.budget.backward > 0
     # autoattack-rand uses upstream per-draw EOT (20 by default) only on stochastic defenses
-    rand_s = Target(d)
+    rand_s = Target(make("noise-small"))
     res = create_attack("autoattack-rand", eps=0.0)(rand_s, x, y, seed=0)
     assert res.extras["eot"] == 20
     rand_d = Target(make("plain"))
     assert create_attack("autoattack-rand", eps=0.0)(rand_d, x, y, seed=0).extras["eot"] == 1
-    assert rand_s.budget.backward > 10 * rand_d.budget.backward
+    # nothing breaks at eps=0: APGD-CE and APGD-DLR each run 100 iterations (+1 initial gradient)
+    assert rand_d.budget.backward == 2 * 101 * x.shape[0]
+    assert rand_s.budget.backward == 20 * rand_d.budget.backward
 
 
 def test_square_scores_queries_over_draws(batch):

@@ -140,3 +140,38 @@ def test_save_adversarials_within_budget(tiny_data_root, tmp_path):
     df = load_records(run_dir)
     att = df[(df.stage == 1)]
     assert float(att.linf.max()) <= 0.1 + 1e-6 and (att.forward_passes == 4).all() and (att.backward_passes == 4).all()
+
+
+def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path, monkeypatch):
+    from defenses.bit_depth import BitDepthReduction
+    from harness.config import read_config
+
+    def quantized() -> Defense:
+        return Defense(TinyCNN().eval(), BitDepthReduction(3), num_classes=10, name="tiny-bits")
+
+    cfg = dict(defense="tiny-bits", attacks="pgd", eps=0.25, eot=1, eval_repeats=1, attack_opts={"steps": 5})
+    ref_dir = runner.run(_cfg(tiny_data_root, tmp_path / "a", **cfg), defense=quantized())
+    escalations = read_config(ref_dir / "config.toml").escalations
+    names = [e["name"] for e in escalations]
+    assert "esc-bpda-eot" in names  # zero purifier gradients under `full` call for BPDA
+    ref = load_records(ref_dir)
+    worst = ref.groupby("index").apply(lambda g: bool((g.correct_all | ~g.attempted).all()))
+    pgd_only = ref[ref.stage <= 1].groupby("index").apply(lambda g: bool((g.correct_all | ~g.attempted).all()))
+    assert worst.mean() < pgd_only.mean()  # the escalated attack broke what full-gradient PGD could not
+    flags = json.loads((ref_dir / "diagnostics.json").read_text())
+    assert any("esc-bpda-eot" in f["escalated"] for f in flags)
+
+    real = runner.run_stage
+
+    def dies_in_escalation(*args, **kwargs):
+        if kwargs["shard"] == 1 and args[0] >= 2:  # stage index >= 2: an escalated stage
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_stage", dies_in_escalation)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(_cfg(tiny_data_root, tmp_path / "b", **cfg), defense=quantized())
+    monkeypatch.setattr(runner, "run_stage", real)
+    resumed_dir = runner.run(_cfg(tiny_data_root, tmp_path / "b", **cfg), defense=quantized())
+    assert read_config(resumed_dir / "config.toml").escalations == escalations
+    pd.testing.assert_frame_equal(_comparable(load_records(resumed_dir)), _comparable(ref))

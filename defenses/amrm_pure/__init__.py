@@ -60,7 +60,7 @@ def _build(name: str, mae: str | Path, *, steps: int, step_size: float, schedule
 @register_defense("amrm-pure-mae")
 def amrm_pure_mae(steps: int = 10, step_size: float = 2 / 255, schedule: str = "constant", eta: float = 16 / 255,
                   mask_ratio: float = 0.75, masks_per_step: int = 1, mae: str = str(DEFAULT_MAE), mae_preset: str | None = None,
-                  mae_seed: int = 0, surrogate: str = "tanh", tau: float = 0.5, method: str = "checkpoint", segment: int = 1,
+                  mae_seed: int = 0, surrogate: str = "tanh", tau: float = 0.5, method: str = "recompute", segment: int = 1,
                   **classifier_options: Any) -> Defense:
     """AMRM-Pure: S (``steps``) sign-PGD steps of size λ (``step_size``, ``schedule`` constant|linear|cosine)
     on the MAE reconstruction loss with ``masks_per_step`` random masks of ratio ρ (``mask_ratio``),
@@ -76,7 +76,7 @@ def amrm_pure_mae(steps: int = 10, step_size: float = 2 / 255, schedule: str = "
 def ramrm_pure_mae(steps: int = 10, step_size: float = 2 / 255, schedule: str = "constant", eta: float = 16 / 255,
                    mask_ratio: float = 0.75, masks_per_step: int = 1, mae: str = str(DEFAULT_RAMRM),
                    mae_preset: str | None = None, mae_seed: int = 0, surrogate: str = "tanh", tau: float = 0.5,
-                   method: str = "checkpoint", segment: int = 1, **classifier_options: Any) -> Defense:
+                   method: str = "recompute", segment: int = 1, **classifier_options: Any) -> Defense:
     """R-AMRM-Pure: as ``amrm-pure-mae`` with the MAE fine-tuned through the purifier on the classifier's
     cross-entropy (``harness train ramrm``); ``mae`` defaults to those fine-tuned weights."""
     if str(mae) == str(DEFAULT_RAMRM) and not DEFAULT_RAMRM.is_file():

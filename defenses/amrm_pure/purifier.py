@@ -50,7 +50,7 @@ class AMRMPurifier(nn.Module):
 
     def __init__(self, mae: MaskedAutoencoder, *, steps: int = 10, step_size: float = 2 / 255,
                  schedule: str = "constant", eta: float = 16 / 255, mask_ratio: float = 0.75, masks_per_step: int = 1,
-                 surrogate: Literal["tanh", "normalized"] = "tanh", tau: float = 0.5, method: str = "checkpoint",
+                 surrogate: Literal["tanh", "normalized"] = "tanh", tau: float = 0.5, method: str = "recompute",
                  segment: int = 1, bounds: tuple[float, float] = (0.0, 1.0)) -> None:
         super().__init__()
         if steps < 0 or masks_per_step < 1:

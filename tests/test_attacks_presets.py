@@ -1,0 +1,48 @@
+"""The preset batteries load, validate against the registry and carry a comment on what they run."""
+from __future__ import annotations
+
+import pytest
+
+from attacks import list_attacks
+from harness.battery import PRESET_DIR, list_presets, resolve_battery
+
+PRESETS = ("quick", "standard", "adaptive", "full")
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_loads_builds_and_is_documented(name):
+    specs = resolve_battery(name)
+    assert specs and len({s.name for s in specs}) == len(specs)
+    for s in specs:
+        assert s.attack in list_attacks()
+        attack = s.build(8 / 255, "Linf")
+        assert attack.eps == 8 / 255 and attack.norm == "Linf"
+    text = (PRESET_DIR / f"{name}.toml").read_text()
+    assert text.lstrip().startswith("#"), "each preset starts with a comment saying what it runs"
+    assert list_presets()[name]
+
+
+def test_adaptive_runs_the_adaptive_configuration_cheapest_first():
+    specs = {s.name: s for s in resolve_battery("adaptive")}
+    assert list(specs) == ["transfer", "bpda-eot", "pgd200-eot20", "square"]
+    assert specs["bpda-eot"].grad == "bpda" and specs["pgd200-eot20"].grad == "full"
+    pgd = specs["pgd200-eot20"].build(8 / 255, "Linf")
+    assert pgd.steps == 200 and pgd.eot == 20
+    assert specs["square"].build(8 / 255, "Linf").draws == 8
+
+
+def test_full_covers_every_attack_family():
+    names = [s.attack for s in resolve_battery("full")]
+    for family in ("transfer", "apgd-ce", "apgd-dlr", "cw-l2", "bpda-eot", "pgd200-eot20", "autoattack-rand", "rays",
+                   "deepfool", "apgd-t", "fab-t", "square"):
+        assert family in names
+    # joint-rec refuses defenses without auxiliary losses, so the presets document it instead of running it
+    assert "joint-rec" in (PRESET_DIR / "full.toml").read_text()
+
+
+def test_presets_accept_an_l2_threat_model_except_rays():
+    for name in ("standard", "adaptive"):
+        for s in resolve_battery(name):
+            assert s.build(0.5, "L2").norm == "L2"
+    with pytest.raises(ValueError, match="Linf"):
+        next(s for s in resolve_battery("full") if s.attack == "rays").build(0.5, "L2")

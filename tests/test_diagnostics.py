@@ -1,0 +1,154 @@
+"""Each diagnostic fires on a small defense built to exhibit it, escalates to the attack that addresses
+it, and stays silent on a plain small CNN; flags are deterministic (resume raises the same ones)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from harness import diagnostics
+from harness.battery import AttackSpec, run_stage
+from harness.defense import Defense
+from helpers_attacks import NUM_CLASSES, attack_batch, make, tiny_cnn
+
+torch.set_num_threads(1)
+PGD = AttackSpec("pgd", "pgd", {"steps": 20})
+PGD_NO_START = AttackSpec("pgd", "pgd", {"steps": 20, "random_start": False})
+
+
+def stage(defense: Defense, spec: AttackSpec, *, eps: float = 0.1, eot: int = 1, stage_no: int = 1, before=None):
+    x, y = attack_batch(32)
+    rb = torch.ones(len(x), dtype=torch.bool) if before is None else before
+    outcome, _, _ = run_stage(stage_no, spec, spec.build(eps, "Linf"), defense, x, y, rb, grad="full", eot=eot,
+                              repeats=5 if defense.stochastic else 1, run_seed=0, shard=0, batch_size=64)
+    return outcome, diagnostics.after_stage(outcome)
+
+
+def codes(flags) -> set[str]:
+    return {f.code for f in flags}
+
+
+def escalated(flags, code: str) -> list[str]:
+    return [e["name"] for f in flags if f.code == code for e in f.escalate]
+
+
+@pytest.mark.parametrize("eps", [0.03, 0.1])
+def test_silent_on_plain_cnn(eps):
+    outcome, flags = stage(make("plain"), PGD, eps=eps)
+    if eps == 0.03:
+        assert outcome.robust_after.any(), "the check must see failed samples to be meaningful"
+    assert flags == []
+
+
+def test_silent_on_plain_cnn_for_blackbox_and_noise_checks():
+    first, _ = stage(make("plain"), PGD, eps=0.03)
+    _, flags = stage(make("plain"), AttackSpec("transfer", "transfer", {"steps": 20}), eps=0.03, stage_no=2,
+                     before=first.robust_after)
+    assert flags == []
+
+
+def test_scaled_logits_vanishing_cross_entropy():
+    _, flags = stage(make("scaled"), PGD)
+    assert {"ce-vanishing", "masking-large-eps", "loss-flat"} <= codes(flags)
+    assert escalated(flags, "ce-vanishing") == ["esc-apgd-dlr"]
+    assert "zero-grad" not in codes(flags)  # the margin loss still has gradients: not a purifier problem
+
+
+def test_quantizing_purifier_zero_gradients_and_masking():
+    _, flags = stage(make("quantize"), PGD_NO_START)
+    assert {"zero-grad", "masking-large-eps", "loss-flat", "noise-beats-attack"} <= codes(flags)
+    assert escalated(flags, "zero-grad") == ["esc-bpda-eot"]
+    assert escalated(flags, "masking-large-eps") == ["esc-bpda-eot"]
+    flag = next(f for f in flags if f.code == "zero-grad")
+    assert flag.value == 1.0 and flag.remedy and flag.attack == "pgd"
+
+
+def test_quantizing_purifier_bpda_is_silent():
+    """Under BPDA the same defense is attacked properly: no masking flags."""
+    spec = AttackSpec("pgd", "pgd", {"steps": 20}, grad="bpda")
+    _, flags = stage(make("quantize"), spec)
+    assert not codes(flags) & {"zero-grad", "masking-large-eps", "identity-jacobian"}
+
+
+def test_blackbox_beats_whitebox():
+    first, _ = stage(make("quantize"), PGD_NO_START)
+    _, flags = stage(make("quantize"), AttackSpec("transfer", "transfer", {"steps": 10}), stage_no=2,
+                     before=first.robust_after)
+    assert "blackbox-beats-whitebox" in codes(flags)
+    assert escalated(flags, "blackbox-beats-whitebox") == ["esc-bpda-eot"]
+
+
+def test_randomized_purifier_with_too_few_eot_draws():
+    _, flags = stage(make("noise"), PGD, eps=0.03, eot=1)
+    assert "eot-disagree" in codes(flags)
+    names = escalated(flags, "eot-disagree")
+    assert len(names) == 1 and names[0].startswith("esc-pgd-eot")
+    spec = next(e for f in flags if f.code == "eot-disagree" for e in f.escalate)
+    assert spec["eot"] >= 4 and spec["options"]["eot"] == spec["eot"]
+    assert "identity-jacobian" not in codes(flags)  # zero-mean noise: the identity Jacobian is exact, not a flaw
+
+
+def test_identity_like_jacobian_purifier():
+    _, flags = stage(make("sign"), PGD, eps=0.03)
+    assert "identity-jacobian" in codes(flags)
+    assert "esc-bpda-eot" in escalated(flags, "identity-jacobian")
+
+
+def test_accuracy_still_falling():
+    _, flags = stage(make("plain"), AttackSpec("pgd-slow", "pgd", {"steps": 20, "step_size": 0.001}))
+    assert "acc-still-falling" in codes(flags)
+    spec = next(e for f in flags if f.code == "acc-still-falling" for e in f.escalate)
+    assert spec["name"] == "esc-pgd-slow-x4" and spec["options"]["steps"] == 80
+
+
+def test_probability_outputs():
+    _, flags = stage(make("softmax"), PGD, eps=0.03)
+    assert "probability-logits" in codes(flags)
+
+
+def test_non_finite_logits():
+    class NaNForBright(nn.Module):  # NaN logits once any pixel exceeds 0.95 (clean inputs stay below)
+        def forward(self, x):
+            out = tiny_cnn()(x)
+            return torch.where((x.flatten(1).amax(1) > 0.95)[:, None], torch.nan, out)
+
+    defense = Defense(NaNForBright(), None, num_classes=NUM_CLASSES)
+    x, _ = attack_batch(32)
+    assert torch.isfinite(defense(x)).all()
+    outcome, flags = stage(defense, AttackSpec("fgsm", "torchattacks:FGSM"), eps=0.2)
+    assert not outcome.finite.all()
+    assert "non-finite-logits" in codes(flags)
+    flag = next(f for f in flags if f.code == "non-finite-logits")
+    assert flag.value == float((~outcome.finite).sum())
+
+
+def test_flags_are_deterministic():
+    outcome, flags = stage(make("noise"), PGD, eps=0.03, eot=1)
+    again = diagnostics.after_stage(outcome)
+    assert [f.to_dict() for f in flags] == [f.to_dict() for f in again]
+
+
+def test_escalation_specs_build():
+    _, flags = stage(make("quantize"), PGD_NO_START)
+    specs = [e for f in flags for e in f.escalate]
+    assert specs
+    for e in specs:
+        attack = AttackSpec.from_dict(e).build(0.1, "Linf")
+        assert attack is not None and e["name"].startswith("esc-")
+
+
+def test_escalation_drops_specs_that_cannot_build():
+    from types import SimpleNamespace
+
+    from attacks import create_attack
+    from harness import escalation
+
+    aa = create_attack("autoattack-standard", eps=0.1)  # upstream's iterations are fixed: no `steps` option
+    spec = SimpleNamespace(name="aa", attack="autoattack-standard", options={}, grad=None, eot=None)
+    specs = escalation.more_iterations(spec, aa)
+    assert specs and escalation.buildable(specs, 0.1, "Linf") == []
+    ok = escalation.more_iterations(SimpleNamespace(name="p", attack="pgd", options={}, grad=None, eot=None),
+                                    create_attack("pgd", steps=10))
+    assert escalation.buildable(ok, 0.1, "Linf") == ok and ok[0]["options"]["steps"] == 40
+    kept = escalation.buildable(escalation.gradient_free(False, "Linf"), 0.5, "L2")  # RayS is ℓ∞-only
+    assert [s["name"] for s in kept] == ["esc-square"]
