@@ -81,7 +81,8 @@ class PGD(Attack):
         for _ in range(self.restarts):
             x_adv = (x + self._start(x, gen)).clamp(lo, hi)
             for i in range(self.steps + 1):
-                loss, grad, logits = target.value_and_grad(x_adv, y, loss_fn, self.eot)
+                # the last iterate is only scored: no backward pass for it
+                loss, grad, logits = target.value_and_grad(x_adv, y, loss_fn, self.eot, with_grad=i < self.steps)
                 m = margin_loss(logits, y)
                 # keep the most adversarial point seen: misclassified first, then highest loss
                 improved = (m > 0) & (best_margin <= 0) | ((m > 0) == (best_margin > 0)) & (loss > best_loss)

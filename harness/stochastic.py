@@ -107,6 +107,7 @@ class CriteriaComparison:
 
     draws: int
     intervals: dict[str, Interval]
+    draw_dependent: float  # fraction of samples whose robust probability is strictly between 0 and 1
     seed_accuracies: dict[int, float]
     seed_std: float | None
 
@@ -136,4 +137,6 @@ def compare_criteria(records: pd.DataFrame, *, confidence: float = 0.95, seed: i
     for c in ("all", "majority"):
         intervals[c] = bootstrap(score(correct, c), confidence=confidence, seed=seed, n_resamples=n_resamples)
     per_seed, std = between_seed_std(records)
-    return CriteriaComparison(correct.shape[1], {c: intervals[c] for c in CRITERIA}, per_seed, std)
+    prob = robust_probability(correct)
+    dependent = float(np.mean((prob > 0) & (prob < 1)))
+    return CriteriaComparison(correct.shape[1], {c: intervals[c] for c in CRITERIA}, dependent, per_seed, std)

@@ -80,25 +80,29 @@ class Target:
         probs = self._batched(x, draws, lambda z: self.defense.logits(z, "full").softmax(1), count_backward=False)
         return probs.clamp_min(1e-30).log()
 
-    def value_and_grad(self, x: Tensor, y: Tensor, loss_fn: LossFn, eot: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def value_and_grad(self, x: Tensor, y: Tensor, loss_fn: LossFn, eot: int | None = None,
+                       with_grad: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
         """Per-sample loss, its input gradient and logits, each averaged over ``eot`` draws.
 
         The E copies of the batch go through the network in one batched forward pass
         (in chunks of ``eot_chunk`` copies); the gradient of the mean loss is the mean
         of the per-draw gradients, i.e. the EOT estimate of Athalye et al. (2018).
+        ``with_grad=False`` skips the backward pass (e.g. scoring an attack's last iterate)
+        and returns ``None`` for the gradient.
         """
         draws = eot or self.eot
-        x = x.detach().requires_grad_(True)
-        with torch.enable_grad():
+        x = x.detach().requires_grad_(with_grad)
+        with torch.set_grad_enabled(with_grad):
             losses, logits_sum = [], None
             chunk = self.eot_chunk or draws
-            grad = torch.zeros_like(x)
+            grad = torch.zeros_like(x) if with_grad else None
             for start in range(0, draws, chunk):
                 e = min(chunk, draws - start)
-                xr = x.repeat(e, *([1] * (x.dim() - 1)))
+                xr = x if e == 1 else x.repeat(e, *([1] * (x.dim() - 1)))
                 out = self.logits(xr)
-                loss = loss_fn(out, y.repeat(e)).view(e, -1)
-                grad += torch.autograd.grad(loss.sum() / draws, x)[0]
+                loss = loss_fn(out, y if e == 1 else y.repeat(e)).view(e, -1)
+                if with_grad:
+                    grad += torch.autograd.grad(loss.sum() / draws, x)[0]
                 losses.append(loss.detach().sum(0))
                 lg = out.detach().view(e, x.shape[0], -1).sum(0)
                 logits_sum = lg if logits_sum is None else logits_sum + lg

@@ -17,33 +17,43 @@ class BudgetMismatchError(ValueError):
     """Raised when two runs with different attack budgets are compared without --allow-mismatch."""
 
 
-def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", criterion: str = "all",
+def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack_b: str | None = None,
+                 criterion: str = "all",
                  allow_mismatch: bool = False, confidence: float = 0.95, alpha: float = 0.05, seed: int = 0,
                  n_resamples: int = 10_000, subset_k: int = 512) -> str:
+    """Compare column ``attack`` of run A with column ``attack_b`` (default: the same) of run B.
+
+    RUN_B may be RUN_A to compare two attacks of one run (meaningful with ``--every-attack``).
+    """
     check_criterion(criterion)
+    attack_b = attack_b or attack
     a, b = load_run(run_a), load_run(run_b)
-    problems = budget_mismatches(a, b)
+    problems = [] if Path(run_a).resolve() == Path(run_b).resolve() else budget_mismatches(a, b)
     if problems and not allow_mismatch:
         raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
                                   "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
     oa, ob = outcome_table(a.records, criterion), outcome_table(b.records, criterion)
-    for run, o in ((a, oa), (b, ob)):
-        if attack not in o.columns:
-            raise ValueError(f"{run.run_id} has no column {attack!r}; available: {', '.join(o.columns)}")
+    for run, o, col in ((a, oa, attack), (b, ob, attack_b)):
+        if col not in o.columns:
+            raise ValueError(f"{run.run_id} has no column {col!r}; available: {', '.join(o.columns)}")
+    xa, xb = oa[attack], ob[attack_b]
     c = f"{confidence * 100:g}%"
-    lines = [f"Comparing {attack} accuracy ({CRITERION_TEXT[criterion]}):",
-             f"  A = {a.run_id} ({a.defense}): {100 * oa[attack].mean():.1f}% of {len(oa)}",
-             f"  B = {b.run_id} ({b.defense}): {100 * ob[attack].mean():.1f}% of {len(ob)}"]
+    what = attack if attack == attack_b else f"{attack} (A) vs {attack_b} (B)"
+    lines = [f"Comparing {what} accuracy ({CRITERION_TEXT[criterion]}):",
+             f"  A = {a.run_id} ({a.defense}): {100 * xa.mean():.1f}% of {len(oa)}",
+             f"  B = {b.run_id} ({b.defense}): {100 * xb.mean():.1f}% of {len(ob)}"]
     if problems:
         lines.append("WARNING: attack budgets differ, so this is NOT a like-for-like ranking (shown because "
                      "--allow-mismatch was given):")
         lines += [f"  - {p}" for p in problems]
+    elif a.path.resolve() == b.path.resolve():
+        lines.append(f"Same run: both columns come from {a.run_id}.")
     else:
         lines.append(f"Budgets matched: {budget_summary(a)}")
-    binary = all(set(o[attack].unique()) <= {0.0, 1.0} for o in (oa, ob))
+    binary = all(set(x.unique()) <= {0.0, 1.0} for x in (xa, xb))
     if not binary:
         raise ValueError("criterion 'mean' gives fractional outcomes; compare with --criterion all or majority")
-    cmp = compare_outcomes(oa[attack], ob[attack], confidence=confidence, seed=seed, n_resamples=n_resamples)
+    cmp = compare_outcomes(xa, xb, confidence=confidence, seed=seed, n_resamples=n_resamples)
     d = cmp.difference
     lines.append(f"A - B: {100 * d.estimate:+.2f} points, {c} interval [{100 * d.low:+.2f}, {100 * d.high:+.2f}] "
                  f"({d.method}, {n_resamples:,} resamples, seed {seed})")
@@ -55,11 +65,12 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", criter
         lines.append(f"{cmp.test}: p = {cmp.p_value:.3g}")
     if cmp.p_value < alpha and (d.low > 0 or d.high < 0):
         better = "A" if d.estimate > 0 else "B"
-        lines.append(f"Verdict: {better} is more robust (p < {alpha:g}, interval excludes 0).")
+        verb = "is more robust" if attack == attack_b else "has the higher accuracy"
+        lines.append(f"Verdict: {better} {verb} (p < {alpha:g}, interval excludes 0).")
     else:
         lines.append(f"Verdict: no significant difference at alpha = {alpha:g}; do not rank these runs.")
     if cmp.paired:
-        xa, xb = oa[attack].to_numpy(), ob[attack].reindex(oa.index).to_numpy()
+        xa, xb = xa.to_numpy(), xb.reindex(oa.index).to_numpy()
         psi = discordance_rate(xa, xb)
         n = len(xa)
         k = subset_k if subset_k < n else n // 2

@@ -7,7 +7,7 @@ from harness.stochastic import CRITERIA, CriteriaComparison, compare_criteria
 
 from .table import Table, pct
 
-HEADER = ["defense", "R", "all draws", "majority", "mean over draws", "between-seed std"]
+HEADER = ["defense", "R", "all draws", "majority", "mean over draws", "draw-dependent samples", "between-seed std"]
 
 
 def stochastic_rows(table: Table) -> list[tuple[str, CriteriaComparison]]:
@@ -27,6 +27,7 @@ def stochastic_cells(label: str, cmp: CriteriaComparison) -> list[str]:
     for c in CRITERIA:
         iv = cmp.intervals[c]
         cells.append(f"{pct(iv.estimate)} [{pct(iv.low)}, {pct(iv.high)}]")
+    cells.append(f"{pct(cmp.draw_dependent)}%")
     cells.append("-" if cmp.seed_std is None else f"{pct(cmp.seed_std)} ({len(cmp.seed_accuracies)} seeds)")
     return cells
 
@@ -34,7 +35,8 @@ def stochastic_cells(label: str, cmp: CriteriaComparison) -> list[str]:
 NOTE = ("Stochastic defenses: worst-case accuracy (%) when a sample counts as robust in all R draws, in the "
         "majority of draws, or by its fraction of robust draws; [low, high] = for mean over draws a two-level "
         "bootstrap (samples, then draws within samples, percentile); for all/majority the BCa bootstrap over "
-        "samples (resampling draws would bias these all-or-nothing criteria).")
+        "samples (resampling draws would bias these all-or-nothing criteria). Draw-dependent samples: share of "
+        "samples whose per-sample robust probability (fraction of robust draws) is strictly between 0 and 1.")
 
 
 def stochastic_markdown(table: Table) -> str:

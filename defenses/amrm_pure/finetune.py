@@ -59,6 +59,7 @@ def finetune(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     state_path = out.with_suffix(".state.pt")
     mae = load_mae(args.mae).to(device)
     purifier = AMRMPurifier(mae, steps=args.purify_steps, step_size=args.step_size, eta=args.eta,

@@ -100,6 +100,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     state_path = out.with_suffix(".state.pt")
     overrides = {k: getattr(args, k) for k in ("embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
                                                 "decoder_num_heads")}
@@ -134,7 +135,7 @@ def train(args: argparse.Namespace) -> dict:
     model.train()
     loss_ema = history[-1][1] if history else None
     bar = tqdm(total=args.steps, initial=step, desc="mae", unit="step", disable=args.no_progress)
-    start = time.time()
+    start, first_step = time.time(), step
     try:
         while step < args.steps:
             for group in opt.param_groups:
@@ -152,7 +153,7 @@ def train(args: argparse.Namespace) -> dict:
             if step % args.log_every == 0 or step == args.steps:
                 history.append([step, loss_ema])
                 log.info("step %d/%d rec loss (EMA) %.5f, %.2f s/step", step, args.steps, loss_ema,
-                         (time.time() - start) / max(1, len(history)) / args.log_every)
+                         (time.time() - start) / max(1, step - first_step))
             if step % args.checkpoint_every == 0:
                 checkpoint(loss_ema)
     except KeyboardInterrupt:

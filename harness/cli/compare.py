@@ -16,6 +16,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_a", type=Path, metavar="RUN_A")
     p.add_argument("run_b", type=Path, metavar="RUN_B")
     p.add_argument("--attack", default="worst-case", help="column to compare: clean, an attack name, or worst-case")
+    p.add_argument("--attack-b", default=None,
+                   help="column of RUN_B if different from --attack (RUN_B may equal RUN_A to compare two attacks; "
+                        "meaningful for runs made with --every-attack)")
     p.add_argument("--criterion", default="all", choices=("all", "majority"),
                    help="stochastic defenses: robust in all R draws (default) or in the majority")
     p.add_argument("--allow-mismatch", action="store_true", help="compare even if the attack budgets differ")
@@ -30,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from reports.compare import BudgetMismatchError, compare_text
 
     try:
-        text = compare_text(args.run_a, args.run_b, attack=args.attack, criterion=args.criterion,
+        text = compare_text(args.run_a, args.run_b, attack=args.attack, attack_b=args.attack_b, criterion=args.criterion,
                             allow_mismatch=args.allow_mismatch, confidence=args.confidence, alpha=args.alpha,
                             seed=args.seed, n_resamples=args.resamples)
     except BudgetMismatchError as exc:

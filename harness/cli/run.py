@@ -48,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="directory for run directories [default: runs]")
     p.add_argument("--run-id", help="run directory name [default: derived from the settings, so reruns resume]")
     p.add_argument("--save-adversarials", action="store_true", default=None, help="store the adversarial inputs")
-    p.add_argument("--format", default="markdown", help="format of the final table [default: markdown]")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex", "json", "html"],
+                   help="format of the final table [default: markdown]")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bars or log lines")
     p.set_defaults(func=main)
 

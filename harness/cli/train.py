@@ -36,7 +36,7 @@ def _run_mae(args: argparse.Namespace) -> int:
     from defenses.amrm_pure import train
 
     _verbose()
-    args.command_line = "harness train mae " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["train", "mae"] else None
+    args.command_line = " ".join(["harness", *sys.argv[1:]])
     rec = train.train(args)
     print(f"trained {rec['steps']} steps; reconstruction loss (EMA) {rec['final_loss_ema']:.5f}; weights: {args.out}")
     return 0
