@@ -164,7 +164,7 @@ def derive_seed(run_seed: int, shard: int, stage: int, purpose: int, chunk: int 
 @contextlib.contextmanager
 def seeded(seed: int, device: torch.device) -> Iterator[None]:
     """Fork the global torch RNG (CPU and the CUDA device in use), seed it, restore it afterwards."""
-    devices = [device] if device.type == "cuda" else []
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield

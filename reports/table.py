@@ -70,8 +70,12 @@ class Table:
     settings: Settings
 
 
-def _cell(attack: str, values: np.ndarray, flags: list[str], s: Settings) -> Cell:
-    boot = bootstrap(values, confidence=s.confidence, seed=s.seed, n_resamples=s.n_resamples, method=s.method)
+def _cell(attack: str, values: np.ndarray, flags: list[str], s: Settings, cache: dict[bytes, Interval]) -> Cell:
+    key = values.astype(float).tobytes()  # cascade: worst-case often equals the last attack column
+    if key not in cache:
+        cache[key] = bootstrap(values, confidence=s.confidence, seed=s.seed, n_resamples=s.n_resamples,
+                               method=s.method)
+    boot = cache[key]
     binary = bool(np.all((values == 0) | (values == 1)))
     wil = wilson(int(values.sum()), int(values.size), s.confidence) if binary else None
     return Cell(attack, boot, wil, flags)
@@ -80,7 +84,8 @@ def _cell(attack: str, values: np.ndarray, flags: list[str], s: Settings) -> Cel
 def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
     outcomes = outcome_table(run.records, s.criterion)
     flags = stage_flags(run.records, run.diagnostics)
-    cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), s) for name in outcomes.columns}
+    cache: dict[bytes, Interval] = {}
+    cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), s, cache) for name in outcomes.columns}
     return Row(run=run, label=label or run.defense, n=len(outcomes), draws=eval_draws(run.records), cells=cells,
                outcomes=outcomes, budgets=budgets(run.records))
 

@@ -152,3 +152,9 @@ def test_escalation_drops_specs_that_cannot_build():
     assert escalation.buildable(ok, 0.1, "Linf") == ok and ok[0]["options"]["steps"] == 40
     kept = escalation.buildable(escalation.gradient_free(False, "Linf"), 0.5, "L2")  # RayS is ℓ∞-only
     assert [s["name"] for s in kept] == ["esc-square"]
+
+
+def test_stage_with_nothing_attempted_is_silent():
+    x, _ = attack_batch(32)
+    _, flags = stage(make("quantize"), PGD_NO_START, before=torch.zeros(len(x), dtype=torch.bool))
+    assert flags == []

@@ -142,6 +142,10 @@ def test_claim_cli(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     assert "A: 62.11% (318/512); 95% Wilson [57.8, 66.2]" in out
     assert "p = 0.0361" in out and "SUPPORTED" in out and "unpaired n = 914 per defense" in out
+    assert "no whole count out of 512 rounds to 62.13%" in out  # 318/512 = 62.11%
+    assert main(["claim", "--a", "49.6", "--b", "41.8", "--n", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "no whole count" not in out and "(127/256)" in out and "NOT SUPPORTED" in out
     assert main(["claim", "--a", "60.0", "--b", "58.0", "--n", "512", "--n-b", "1000", "--discordance", "0.2"]) == 0
     out = capsys.readouterr().out
     assert "NOT SUPPORTED" in out and "(n = 1000)" in out and "Paired on the same samples (discordance 0.2)" in out

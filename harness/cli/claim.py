@@ -34,9 +34,12 @@ def _count(pct_value: float, n: int, name: str) -> tuple[int, str | None]:
     exact = pct_value / 100 * n
     k = int(round(exact))
     note = None
-    if abs(100 * k / n - pct_value) > 0.005 + 1e-9:  # published values are usually rounded to 0.01
-        note = (f"{pct_value}% of {n} is {exact:.2f} samples, not a whole number: the reported n may be wrong, "
-                f"or the accuracy is averaged over draws/seeds; using {k}/{n} = {100 * k / n:.2f}%")
+    text = repr(float(pct_value))
+    decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 2
+    if abs(100 * k / n - pct_value) > 0.5 * 10 ** -decimals + 1e-9:  # k/n does not round to the published value
+        note = (f"no whole count out of {n} rounds to {pct_value}% ({pct_value}% of {n} = {exact:.2f} samples): "
+                f"the reported n may be wrong, or the accuracy is averaged over draws or seeds; "
+                f"using {k}/{n} = {100 * k / n:.2f}%")
     return k, note
 
 

@@ -119,7 +119,11 @@ def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
     run_dir = run(cfg)
-    table, note = summary_lines(run_dir, args.format)
+    try:
+        table, note = summary_lines(run_dir, args.format)
+    except Exception as exc:
+        raise RuntimeError(f"the run finished and its records are in {str(run_dir)!r}, but rendering the table failed "
+                           f"({type(exc).__name__}: {exc}); retry with `harness report {run_dir}`") from exc
     print(table)
     print(note, file=sys.stdout if args.format in ("markdown", "text") else sys.stderr)
     print(f"records: {run_dir}", file=sys.stderr)
