@@ -235,12 +235,23 @@ def _merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:
                         cat([p.loss for p in parts]), cat([p.margin for p in parts]), extras)
 
 
-def _budget_columns(attack: Attack, target: Target) -> dict[str, Any]:
+def _used_grad_mode(extras: dict[str, Any] | None) -> str | None:
+    used = (extras or {}).get("grad_mode")
+    used = used[0] if isinstance(used, list) and used else used
+    return used if isinstance(used, str) else None
+
+
+def _budget_columns(attack: Attack, target: Target, extras: dict[str, Any] | None = None) -> dict[str, Any]:
     opts = {**attack.config(), **vars(attack)}
+    for key in ("eot",):  # what the attack actually used (e.g. EOT only on stochastic defenses) beats its option
+        used = (extras or {}).get(key)
+        used = max(used) if isinstance(used, list) and used and all(isinstance(u, int) for u in used) else used
+        if isinstance(used, int) and not isinstance(used, bool):
+            opts[key] = used
     first = lambda *names, default=0: next((opts[n] for n in names if isinstance(opts.get(n), (int, float)) and not isinstance(opts.get(n), bool)), default)  # noqa: E731
     return {"eps": float(attack.eps), "norm": str(attack.norm), "iterations": int(first("steps", "n_iter", "iterations", "max_iter")),
             "restarts": int(first("restarts", "n_restarts", default=1)), "eot": int(first("eot", default=0) or target.eot),
-            "grad_mode": target.grad_mode, "queries": int(first("n_queries", "queries")),
+            "grad_mode": str(_used_grad_mode(extras) or target.grad_mode), "queries": int(first("n_queries", "queries")),
             "noise_samples": int(first("noise_samples"))}
 
 
@@ -289,7 +300,7 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
         "time_s": full(torch.full((n_att,), elapsed / max(n_att, 1)), 0.0, torch.float64).cpu().numpy(),
         "forward_passes": full(torch.full((n_att,), round((target.budget.forward - budget_before.forward) / max(n_att, 1))), 0, torch.int64).cpu().numpy(),
         "backward_passes": full(torch.full((n_att,), round((target.budget.backward - budget_before.backward) / max(n_att, 1))), 0, torch.int64).cpu().numpy(),
-        **_budget_columns(attack, target),
+        **_budget_columns(attack, target, result.extras),
         "seed": int(run_seed),  # the run seed; the stage's own seeds derive from (seed, shard, stage)
     }
     robust_after = robust_before.clone()

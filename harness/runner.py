@@ -183,8 +183,11 @@ class _Context:
             side["stages"].append("clean")
             robust = ev.correct_majority.clone()
         else:
-            old = self.store.read_side(shard)
-            side = {"stages": list(old["stages"]), "attacks": dict(old["attacks"]), "diagnostics": list(old["diagnostics"])}
+            old, done = self.store.read_side(shard), int(prior.stage.max())
+            names = list(prior.drop_duplicates("stage").sort_values("stage").attack)
+            # side data may be ahead of the Parquet file if a rewrite was interrupted: keep only finished stages
+            side = {"stages": names, "attacks": {k: v for k, v in old["attacks"].items() if k in names},
+                    "diagnostics": [f for f in old["diagnostics"] if f.get("stage", 0) <= done]}
             frames.append(prior[COLUMNS])
             last = prior[prior.stage == prior.stage.max()].set_index("index").loc[indices]
             robust = torch.tensor((last.attempted & last.correct_majority).to_numpy(bool), device=self.device)

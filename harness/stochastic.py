@@ -74,6 +74,8 @@ def two_level_bootstrap(correct: np.ndarray, criterion: str = "mean", *, confide
 
     Resampling R draws with replacement from a sample with c robust draws yields a Binomial(R, c/R)
     count of robust draws; we draw that count directly (exactly equivalent, much faster).
+    The draw noise is already part of the per-sample fractions, so resampling draws again makes
+    the interval somewhat conservative (about 10% wider at R = 5 in our tests).
     """
     _check_confidence(confidence)
     c = np.asarray(correct, dtype=float)

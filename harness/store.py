@@ -122,10 +122,11 @@ class RunStore:
         return self.records_dir / f"shard-{shard:05d}{suffix}"
 
     def shard_stages(self, shard: int) -> list[str] | None:
-        """Stage names of a finished shard, or None if the shard is not finished."""
+        """Stage names (in stage order) of a finished shard, read from its Parquet file; None if unfinished."""
         if not self.shard_path(shard).is_file() or not self.shard_path(shard, ".json").is_file():
             return None
-        return list(json.loads(self.shard_path(shard, ".json").read_text()).get("stages", []))
+        t = pq.read_table(self.shard_path(shard), columns=["stage", "attack"]).to_pandas()
+        return list(t.drop_duplicates("stage").sort_values("stage").attack)
 
     def read_side(self, shard: int) -> dict[str, Any]:
         return json.loads(self.shard_path(shard, ".json").read_text())
@@ -135,9 +136,9 @@ class RunStore:
 
     def write_shard(self, shard: int, records: pd.DataFrame, side: dict[str, Any],
                     adversarials: dict[str, Any] | None = None) -> None:
-        """Write side data, adversarials, then the Parquet file last (its presence marks the shard finished)."""
+        """Write side data, adversarials, then the Parquet file last: the Parquet file is the record of which
+        stages are finished, so an interruption at any point leaves a consistent shard."""
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        self.shard_path(shard).unlink(missing_ok=True)  # a rewrite (escalation) is unfinished until the new file lands
         _atomic_write_json(self.shard_path(shard, ".json"), side)
         if adversarials is not None:
             self.adv_dir.mkdir(parents=True, exist_ok=True)

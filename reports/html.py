@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from .outcomes import WORST
 from .plots import convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
 from .stochastic_section import HEADER, NOTE, stochastic_cells, stochastic_rows
 from .table import Table, cell_text, pct, planning_note
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
-table{border-collapse:collapse;margin:1em 0}th,td{border-bottom:1px solid #ccc;padding:.3em .6em;text-align:left}
+table{border-collapse:collapse;margin:1em 0}th,td{border-bottom:1px solid #ccc;padding:.3em .6em;text-align:left;white-space:nowrap}
 th{border-bottom:2px solid #444}.w{color:#777;font-size:85%}.flag{color:#b00}img{max-width:100%;display:block}
 figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"""
 
@@ -88,5 +87,3 @@ def render_html(table: Table) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{_STYLE}</style></head>\n<body>\n{body}\n{_CHECK}\n</body></html>\n")
 
-
-__all__ = ["render_html", "WORST"]

@@ -179,3 +179,17 @@ def test_convergence_curve_ends_at_table_cell(runs: list[Path]) -> None:
     for name in ("apgd-ce", "square"):
         assert curves[f"gaussian-noise / {name}"][-1] == pytest.approx(table.rows[0].cells[name].accuracy, abs=1e-6)
     assert eps_points(table) == {}  # one epsilon only: no accuracy-vs-epsilon plot
+
+
+def test_compare_cli_unpaired_and_battery_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    a = write_synthetic_run(tmp_path / "a", n=200, robust=[("pgd", 0.5)], seed=1)
+    shifted = write_synthetic_run(tmp_path / "s", n=200, robust=[("pgd", 0.5)], seed=2, index_offset=100)
+    other = write_synthetic_run(tmp_path / "o", n=200, robust=[("square", 0.5)], seed=2)
+    assert main(["compare", str(a), str(shifted), "--resamples", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "different samples (200 and 200 samples, 100 shared)" in out and "two-proportion z-test" in out
+    assert main(["compare", str(a), str(other)]) == 3
+    assert "attack batteries differ: only in a: ['pgd']; only in o: ['square']" in capsys.readouterr().err
+    assert main(["compare", str(a), str(a), "--attack", "pgd", "--attack-b", "clean", "--resamples", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "Same run" in out and "B has the higher accuracy" in out

@@ -175,3 +175,15 @@ def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path
     resumed_dir = runner.run(_cfg(tiny_data_root, tmp_path / "b", **cfg), defense=quantized())
     assert read_config(resumed_dir / "config.toml").escalations == escalations
     pd.testing.assert_frame_equal(_comparable(load_records(resumed_dir)), _comparable(ref))
+
+    # an escalation rewrite interrupted after its side data landed but before its Parquet file did:
+    # the shard's Parquet still holds only the configured stages, the JSON is ahead
+    import pyarrow.parquet as pq
+    shard1 = resumed_dir / "records" / "shard-00001.parquet"
+    side_before = json.loads(shard1.with_suffix(".json").read_text())
+    table = pq.read_table(shard1).to_pandas()
+    pq.write_table(pq.read_table(shard1).filter(pq.read_table(shard1).column("stage").to_numpy() <= 1), shard1)
+    assert pq.read_table(shard1).num_rows < len(table)
+    again = runner.run(_cfg(tiny_data_root, tmp_path / "b", **cfg), defense=quantized())
+    pd.testing.assert_frame_equal(_comparable(load_records(again)), _comparable(ref))
+    assert json.loads(shard1.with_suffix(".json").read_text()) == side_before  # no duplicated flags or stages
