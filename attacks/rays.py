@@ -92,7 +92,7 @@ class RayS(Attack):
         x_adv = (x + torch.where(torch.isfinite(radius), radius, torch.zeros_like(radius)).view(-1, *([1] * (x.dim() - 1)))
                  * sign.view_as(x)).clamp(lo, hi)
         return finalize(target, x, x_adv, y, eps=self.eps, norm="Linf", draws=draws,
-                        extras={"acc_trace": trace, "queries": used.float().mean().item(), "draws": draws})
+                        extras={"acc_trace": trace, "queries": used.float().mean().item(), "draws": draws, "eot": draws})
 
     def _shrink(self, adversarial, idx: Tensor, s: Tensor, radius: Tensor, low: Tensor) -> None:
         """Binary search each sample's radius in ``[low, radius]`` down to ``tol`` (adversarial at the upper end)."""

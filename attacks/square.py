@@ -64,7 +64,7 @@ class Square(Attack):
             with quiet_stdout():  # upstream prints in a few corner cases
                 x_adv = sq.perturb(x, y)
         result = finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=draws,
-                          extras={"acc_trace": trace[1:], "queries": counter["rows"] / n, "draws": draws})
+                          extras={"acc_trace": trace[1:], "queries": counter["rows"] / n, "draws": draws, "eot": draws})
         return result
 
 

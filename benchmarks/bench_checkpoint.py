@@ -14,7 +14,8 @@ to ``/proc/self/clear_refs``; the figure reported is ``VmHWM`` after the measure
 ``VmRSS`` just before it, i.e. the extra resident memory the step needed at its peak. Where
 ``clear_refs`` is unavailable, it falls back to the ``ru_maxrss`` increase (an underestimate when
 setup peaked higher). Workers run with ``MALLOC_MMAP_THRESHOLD_=65536`` and ``MALLOC_TRIM_THRESHOLD_=0``
-so glibc returns freed tensor memory to the OS at once and RSS tracks live memory. Time is the wall time of that one step with ``--threads`` torch threads.
+so glibc returns freed tensor memory to the OS at once and RSS tracks live memory. Time is the wall
+time of that one step with ``--threads`` torch threads (noisy on a shared machine).
 """
 from __future__ import annotations
 
@@ -75,6 +76,33 @@ def worker(args: argparse.Namespace) -> dict:
             "grad_norm": float(grad.norm())}
 
 
+def render_table(results: dict[tuple[int, str], dict], steps: list[int], methods: list[str], batch: int,
+                 threads: int) -> str:
+    """Markdown table: peak MB and seconds per method; for each memory-saving method its time relative
+    to naive at the same S and its peak relative to its own peak at the smallest S."""
+    savers = [m for m in methods if m != "naive"]
+    head = ["S"] + [f"{m} {k}" for m in methods for k in ("peak MB", "s")]
+    head += [f"{m} time / naive" for m in savers if "naive" in methods] + [f"{m} peak / S={steps[0]}" for m in savers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for S in steps:
+        row = [str(S)]
+        for m in methods:
+            r = results.get((S, m), {})
+            row += [f"{r['peak_mb']:.0f}", f"{r['seconds']:.2f}"] if "peak_mb" in r else [r.get("error", "skipped")[:30], "-"]
+        n = results.get((S, "naive"), {})
+        for m in savers if "naive" in methods else []:
+            c = results.get((S, m), {})
+            row.append(f"{c['seconds'] / n['seconds']:.2f}x" if "seconds" in n and "seconds" in c else "-")
+        for m in savers:
+            c, b = results.get((S, m), {}), results.get((steps[0], m), {})
+            row.append(f"{c['peak_mb'] / b['peak_mb']:.2f}x" if "peak_mb" in c and b.get("peak_mb") else "-")
+        lines.append("| " + " | ".join(row) + " |")
+    exact = all(r.get("exact_peak", True) for r in results.values())
+    note = (f"batch {batch}, {threads} thread(s); memory = peak RSS increase during the step "
+            f"({'clear_refs/VmHWM' if exact else 'ru_maxrss'})")
+    return note + "\n" + "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, nargs="+", default=[5, 10, 20, 50, 100], help="purification steps S")
@@ -89,9 +117,17 @@ def main() -> int:
     p.add_argument("--S", type=int, help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help="also write the raw results here")
+    p.add_argument("--table-from", type=Path, help="only print the table of a previous --json file")
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
+        return 0
+    if args.table_from:
+        rows = json.loads(args.table_from.read_text())
+        results = {(r["S"], r["method"]): r for r in rows}
+        steps = sorted({r["S"] for r in rows})
+        methods = [m for m in ("naive", "checkpoint", "recompute") if any(r["method"] == m for r in rows)]
+        print(render_table(results, steps, methods, args.batch, args.threads))
         return 0
     results: dict[tuple[int, str], dict] = {}
     for S in args.steps:
@@ -107,24 +143,7 @@ def main() -> int:
             else:
                 results[(S, method)] = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"S={S:>3} {method:<10} {results[(S, method)]}", file=sys.stderr, flush=True)
-    base = {m: results.get((args.steps[0], m), {}).get("peak_mb") for m in args.methods}
-    head = ["S"] + [f"{m} {k}" for m in args.methods for k in ("peak MB", "s")]
-    if "naive" in args.methods and "checkpoint" in args.methods:
-        head += ["ckpt/naive time", f"ckpt peak / S={args.steps[0]}"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for S in args.steps:
-        row = [str(S)]
-        for m in args.methods:
-            r = results.get((S, m), {})
-            row += [f"{r['peak_mb']:.0f}", f"{r['seconds']:.2f}"] if "peak_mb" in r else [r.get("error", "skipped")[:30], "-"]
-        if "naive" in args.methods and "checkpoint" in args.methods:
-            n, c = results.get((S, "naive"), {}), results.get((S, "checkpoint"), {})
-            row.append(f"{c['seconds'] / n['seconds']:.2f}x" if "seconds" in n and "seconds" in c else "-")
-            row.append(f"{c['peak_mb'] / base['checkpoint']:.2f}x" if "peak_mb" in c and base["checkpoint"] else "-")
-        lines.append("| " + " | ".join(row) + " |")
-    print(f"batch {args.batch}, {args.threads} thread(s), memory: peak RSS increase during the step "
-          f"({'clear_refs/VmHWM' if all(r.get('exact_peak', True) for r in results.values()) else 'ru_maxrss'})")
-    print("\n".join(lines))
+    print(render_table(results, args.steps, args.methods, args.batch, args.threads))
     if args.json:
         args.json.write_text(json.dumps([{"S": k[0], "method": k[1], **v} for k, v in results.items()], indent=2))
     return 0

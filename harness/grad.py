@@ -7,7 +7,9 @@ Methods:
 - ``"checkpoint"`` (default): each segment of ``segment`` steps runs under non-reentrant
   ``torch.utils.checkpoint``; only the segment boundaries (the states) are kept and each segment's
   activations are recomputed during the backward pass. Handles parameters and closed-over tensors
-  automatically, and steps that call ``torch.autograd.grad(..., create_graph=True)``.
+  automatically, and steps that call ``torch.autograd.grad(..., create_graph=True)``; with such
+  second-order steps it still keeps some autograd bookkeeping per step (measured ~0.75 MB per step
+  for 8 CIFAR images through AMRM-Pure, see ``benchmarks/bench_checkpoint.py``).
 - ``"recompute"``: a custom autograd Function that stores only the S states and, backwards, recomputes
   one step at a time and takes its vector–Jacobian product. Faster when steps differentiate an inner
   loss: its forward pass runs the steps without building any graph (first-order inner gradients

@@ -69,7 +69,8 @@ def run(cfg: RunConfig, defense: Defense | None = None) -> Path:
     run_id = cfg.run_id or make_run_id(cfg)
     store = RunStore(Path(cfg.out) / run_id)
     resuming = store.open(cfg)
-    started = store.now()
+    started = store.started() if resuming else None
+    started = started or store.now()
     prov = dict(device=str(device), defense=defense.describe(), data_source=data.source, indices=indices)
     store.write_provenance(cfg, started=started, **prov)
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
@@ -95,6 +96,7 @@ def run(cfg: RunConfig, defense: Defense | None = None) -> Path:
                     ctx.skip(s, len(idx), [e.name for e in escalations])
                     continue
                 prior = store.read_shard(s)
+                prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
                 ctx.run_shard(s, idx, escalations, first_stage=len(base) + 1, prior=prior)
     finally:
         ctx.close()

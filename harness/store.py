@@ -113,6 +113,11 @@ class RunStore:
                 "n_samples": len(indices), "indices": indices, "started": started, "finished": finished}
         _atomic_write_json(self.dir / "provenance.json", prov)
 
+    def started(self) -> str | None:
+        """Start time recorded by an earlier (interrupted) invocation of this run, if any."""
+        path = self.dir / "provenance.json"
+        return json.loads(path.read_text()).get("started") if path.is_file() else None
+
     @staticmethod
     def now() -> str:
         return _now()

@@ -11,7 +11,7 @@ from html import escape
 
 from .plots import convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
 from .stochastic_section import HEADER, NOTE, stochastic_cells, stochastic_rows
-from .table import Table, cell_text, pct, planning_note
+from .table import Table, cell_text, columns_note, pct, planning_note
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
 table{border-collapse:collapse;margin:1em 0}th,td{border-bottom:1px solid #ccc;padding:.3em .6em;text-align:left;white-space:nowrap}
@@ -66,7 +66,7 @@ def _stochastic_html(table: Table) -> str:
 
 def render_html(table: Table) -> str:
     title = "Robustness report: " + ", ".join(r.run.run_id for r in table.rows)
-    parts = [f"<h1>{escape(title)}</h1>", _table_html(table), f"<p>{escape(table.settings.describe())}</p>",
+    parts = [f"<h1>{escape(title)}</h1>", _table_html(table), f"<p>{escape(table.settings.describe() + ' ' + columns_note(table))}</p>",
              f"<p>{escape(planning_note(table))}</p>", _stochastic_html(table), "<h2>Plots</h2>",
              _img(forest_plot(table), "forest plot",
                   "Accuracy with its bootstrap interval per defense and attack.")]

@@ -1,7 +1,7 @@
 """LaTeX table (booktabs): cells ``62.1 [57.9, 66.3]`` with the Wilson interval in small type."""
 from __future__ import annotations
 
-from .table import Table, cell_text, pct
+from .table import Table, cell_text, columns_note, pct
 
 _ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
             "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
@@ -30,7 +30,7 @@ def render_latex(table: Table) -> str:
         name = escape(row.label) + (r"$^\dagger$" if row.flags else "")
         lines.append(" & ".join([name, str(row.n), *[_cell(table, row, c) for c in table.columns]]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    caption = escape(table.settings.describe())
+    caption = escape(table.settings.describe() + " " + columns_note(table))
     flagged = [f"{escape(r.label)}: {escape(', '.join(r.flags))}" for r in table.rows if r.flags]
     if flagged:
         caption += r" $^\dagger$Flags: " + "; ".join(flagged) + "."

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .stochastic_section import stochastic_markdown
-from .table import Table, cell_text, planning_note
+from .table import Table, cell_text, columns_note, planning_note
 
 
 def render_markdown(table: Table) -> str:
@@ -11,6 +11,6 @@ def render_markdown(table: Table) -> str:
     for row in table.rows:
         cells = [cell_text(row.cells.get(c)) for c in table.columns]
         lines.append("| " + " | ".join([row.label, str(row.n), *cells, ", ".join(row.flags) or "-"]) + " |")
-    lines += ["", table.settings.describe(), "", planning_note(table)]
+    lines += ["", table.settings.describe() + " " + columns_note(table), "", planning_note(table)]
     extra = stochastic_markdown(table)
     return "\n".join(lines) + "\n" + ("\n" + extra if extra else "")

@@ -46,28 +46,42 @@ def _stage_values(rows: pd.DataFrame, criterion: str, is_clean: bool) -> pd.Seri
     return value.groupby(rows["index"]).agg(agg)
 
 
-def outcome_table(records: pd.DataFrame, criterion: str = "all") -> pd.DataFrame:
+def is_cascade(records: pd.DataFrame) -> bool:
+    """True when some attack skipped samples (cascade mode); False for ``--every-attack`` runs."""
+    if "attempted" not in records.columns:
+        return False
+    return not bool(records.loc[records["stage"] > 0, "attempted"].astype(bool).all())
+
+
+def outcome_table(records: pd.DataFrame, criterion: str = "all", cumulative: bool | None = None) -> pd.DataFrame:
     """One row per sample, a column per stage (``clean``, attacks...) and ``worst-case``.
 
     Values are 0/1 (fractions for criterion ``mean``). Missing stage rows count as not robust.
+    With ``cumulative`` (default: for cascade runs) an attack column is the worst case over the
+    clean stage and every attempted attack up to that one, so columns never increase even when the
+    cascade used another criterion than the report; otherwise each attack is scored alone.
+    ``out.attrs["cumulative"]`` records which.
     """
     check_criterion(criterion)
+    if cumulative is None:
+        cumulative = is_cascade(records)
     index = np.sort(records["index"].unique())
     out = pd.DataFrame(index=pd.Index(index, name="index"))
     worst = pd.Series(1.0, index=out.index)
     for stage, attack in stages(records):
         rows = records[records["stage"] == stage]
         values = _stage_values(rows, criterion, stage == 0).reindex(out.index, fill_value=0.0)
-        out[attack] = values
         attempted = rows["attempted"].astype(bool) if "attempted" in rows.columns and stage else None
         if attempted is None:
             worst = np.minimum(worst, values)
         else:
             tried = attempted.groupby(rows["index"]).any().reindex(out.index, fill_value=False)
             worst = worst.where(~tried, np.minimum(worst, values))
+        out[attack] = worst if (cumulative and stage) else values
     if "clean" not in out.columns:
         raise ValueError("records have no clean stage (stage 0, attack 'clean')")
     out[WORST] = worst
+    out.attrs["cumulative"] = bool(cumulative)
     return out
 
 

@@ -31,9 +31,8 @@ class Settings:
         pct = f"{self.confidence * 100:g}%"
         return (f"Accuracy in % over n samples; [low, high] = {pct} bootstrap interval over samples "
                 f"({self.method}, {self.n_resamples:,} resamples, seed {self.seed}); W[low, high] = {pct} Wilson "
-                f"score interval. Attack columns are cumulative robust accuracy in battery order (cascade); "
-                f"worst-case = clean correct and robust at every attempted attack. Stochastic criterion: "
-                f"{CRITERION_TEXT[self.criterion]}.")
+                f"score interval. Worst-case = clean correct and robust at every attempted attack. "
+                f"Stochastic criterion: {CRITERION_TEXT[self.criterion]}.")
 
 
 @dataclass
@@ -57,6 +56,7 @@ class Row:
     cells: dict[str, Cell]
     outcomes: pd.DataFrame
     budgets: dict[str, dict] = field(default_factory=dict)
+    cumulative: bool = True
 
     @property
     def flags(self) -> list[str]:
@@ -87,7 +87,7 @@ def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
     cache: dict[bytes, Interval] = {}
     cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), s, cache) for name in outcomes.columns}
     return Row(run=run, label=label or run.defense, n=len(outcomes), draws=eval_draws(run.records), cells=cells,
-               outcomes=outcomes, budgets=budgets(run.records))
+               outcomes=outcomes, budgets=budgets(run.records), cumulative=outcomes.attrs["cumulative"])
 
 
 def build_table(run_dirs: list[Path] | list[RunData], settings: Settings | None = None) -> Table:
@@ -119,6 +119,16 @@ def cell_text(cell: Cell | None, with_wilson: bool = True) -> str:
     if with_wilson and cell.wilson is not None:
         text += f" W[{pct(cell.wilson.low)}, {pct(cell.wilson.high)}]"
     return text
+
+
+def columns_note(table: Table) -> str:
+    """What an attack column means for these rows (cascade: cumulative; --every-attack: alone)."""
+    alone = [r.label for r in table.rows if not r.cumulative]
+    text = ("Attack columns: robust accuracy against all attacks up to that one in battery order (cascade: "
+            "worst case so far)")
+    if alone:
+        text += f"; for {', '.join(alone)} (run with --every-attack) against that attack alone"
+    return text + "."
 
 
 def planning_note(table: Table, half_width: float = 0.01) -> str:

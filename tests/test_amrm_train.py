@@ -58,3 +58,13 @@ def test_ramrm_finetuning_updates_the_mae(tmp_path: Path) -> None:
     # beta = 0: the only loss is the classifier's cross-entropy after purification, so every change comes
     # from the gradient through the purifier's surrogate step (the exact one, through sign(), is zero)
     assert any(k.startswith("blocks.") for k in changed) and any(k.startswith("decoder") for k in changed)
+
+
+def test_harness_train_mae_subcommand(tmp_path: Path) -> None:
+    from harness.cli import main
+    root, out = synthetic_train_root(tmp_path), tmp_path / "cli.pt"
+    assert main(["train", "mae", "--preset", "tiny", "--steps", "1", "--batch-size", "4", "--data-root", str(root),
+                 "--out", str(out), "--no-progress"]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["steps"] == 1
+    assert main(["train", "mae", "--preset", "tiny", "--steps", "1", "--data-root", str(tmp_path / "missing"),
+                 "--out", str(tmp_path / "x.pt"), "--no-progress"]) == 2  # clear error, no traceback

@@ -197,3 +197,20 @@ def test_nonfinite_logits_count_as_success():
     x = torch.rand(3, 3, 8, 8)
     res = finalize(t, x, x, torch.zeros(3, dtype=torch.long), eps=0.1, norm="Linf")
     assert res.success.all()
+
+
+def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
+    """bpda-eot spends EOT draws only on stochastic defenses and pins BPDA; the record says so."""
+    from harness.battery import AttackSpec, run_stage
+    x, y = batch
+    x, y = x[:4], y[:4]
+    spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 3})
+    cols = {}
+    for kind in ("plain", "noise-small"):
+        _, cols[kind], _ = run_stage(1, spec, spec.build(0.0, "Linf"), make(kind), x, y, torch.ones(4, dtype=torch.bool),
+                                     grad="full", eot=1, repeats=1, run_seed=0, shard=0, batch_size=4)
+        assert cols[kind]["grad_mode"] == "bpda"
+    assert cols["plain"]["eot"] == 1 and cols["noise-small"]["eot"] == 20
+    for col in ("forward_passes", "backward_passes"):
+        assert (cols["plain"][col] > 0).all()
+        assert (cols["noise-small"][col] == 20 * cols["plain"][col]).all()

@@ -193,3 +193,20 @@ def test_compare_cli_unpaired_and_battery_mismatch(tmp_path: Path, capsys: pytes
     assert main(["compare", str(a), str(a), "--attack", "pgd", "--attack-b", "clean", "--resamples", "1000"]) == 0
     out = capsys.readouterr().out
     assert "Same run" in out and "B has the higher accuracy" in out
+
+
+def test_cascade_columns_are_cumulative_even_if_cascade_used_majority() -> None:
+    # the sample is majority-correct clean (so the cascade attacked it) but not correct in all 3 draws
+    rows = [{"index": 0, "label": 0, "stage": 0, "attack": "clean", "attempted": True, "preds": [0, 0, 1],
+             "correct_all": False, "correct_majority": True, "correct_frac": 2 / 3, "finite": True},
+            {"index": 0, "label": 0, "stage": 1, "attack": "a1", "attempted": True, "preds": [0, 0, 0],
+             "correct_all": True, "correct_majority": True, "correct_frac": 1.0, "finite": True},
+            {"index": 1, "label": 0, "stage": 0, "attack": "clean", "attempted": True, "preds": [1, 1, 1],
+             "correct_all": False, "correct_majority": False, "correct_frac": 0.0, "finite": True},
+            {"index": 1, "label": 0, "stage": 1, "attack": "a1", "attempted": False, "preds": [1, 1, 1],
+             "correct_all": False, "correct_majority": False, "correct_frac": 0.0, "finite": True}]
+    recs = pd.DataFrame(rows)
+    out = outcome_table(recs, "all")
+    assert out.attrs["cumulative"] and out["a1"].tolist() == [0, 0] and out["worst-case"].tolist() == [0, 0]
+    assert outcome_table(recs, "all", cumulative=False)["a1"].tolist() == [1, 0]  # the attack alone
+    assert outcome_table(recs, "majority")["a1"].tolist() == [1, 0]

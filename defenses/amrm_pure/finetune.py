@@ -39,7 +39,9 @@ def _labels(data_root: str | None) -> torch.Tensor:
     return torch.tensor(torchvision.datasets.CIFAR10(str(resolve_data_root(data_root)), train=True).targets)
 
 
-def _pgd(classifier: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, gen: torch.Generator) -> torch.Tensor:
+def _pgd(classifier: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int,
+         gen: torch.Generator) -> torch.Tensor:
+    """ℓ∞ PGD with random start against the classifier alone (the training adversarial examples)."""
     if steps == 0 or eps == 0:
         return x
     delta = (torch.rand(x.shape, generator=gen) * 2 - 1).to(x.device) * eps
@@ -129,7 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mae", default=str(DEFAULT_MAE), help="MAE weights to start from")
     parser.add_argument("--out", default=str(DEFAULT_RAMRM), help="fine-tuned weights file (state dict)")
     parser.add_argument("--classifier", default="autoattack-resnet18", help="frozen classifier (harness.models source)")
-    parser.add_argument("--data-root", default=None, help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
+    parser.add_argument("--data-root", default=None,
+                        help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)

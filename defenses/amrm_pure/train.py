@@ -171,7 +171,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="small", choices=PRESET_NAMES, help="architecture size")
     for name in ("embed-dim", "depth", "num-heads", "decoder-embed-dim", "decoder-depth", "decoder-num-heads"):
         parser.add_argument(f"--{name}", type=int, default=None, help="override the preset's value")
-    parser.add_argument("--data-root", default=None, help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
+    parser.add_argument("--data-root", default=None,
+                        help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
     parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
     parser.add_argument("--steps", type=int, default=6000, help="total optimizer steps")
     parser.add_argument("--batch-size", type=int, default=128)
