@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from .load import RunData, load_run
 from .table import Settings, Table, build_table
 
 FORMATS = ("markdown", "csv", "latex", "json", "html")
@@ -36,4 +37,4 @@ def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = "all
     return fn(build_table([Path(p) for p in run_dirs], settings))
 
 
-__all__ = ["FORMATS", "Settings", "build_table", "render"]
+__all__ = ["FORMATS", "RunData", "Settings", "Table", "build_table", "load_run", "render"]
