@@ -86,9 +86,10 @@ class _Context:
 
     def __init__(self, o: Any) -> None:
         self.o, self.defense, self.attack, self.name = o, o.defense, o.attack, o.attack_name
-        self.grad_mode = o.target.grad_mode
         extras = o.result.extras or {}
-        self.eot = int(extras.get("eot") or getattr(o.attack, "eot", None) or o.target.eot or 1)
+        # what the attack actually used (chunked results hold one value per chunk)
+        self.grad_mode = str(_first(extras.get("grad_mode")) or getattr(o.attack, "grad_mode", None) or o.target.grad_mode)
+        self.eot = int(_first(extras.get("eot")) or getattr(o.attack, "eot", None) or o.target.eot or 1)
         attempted = o.robust_before.nonzero().squeeze(1)
         self.failed = o.robust_after[attempted]  # over the attempted samples (rows of o.x)
         self.uses_gradients = bool(getattr(o.attack, "uses_gradients", True))
@@ -102,6 +103,10 @@ class _Context:
 
     def target(self, eot: int | None = None) -> Target:
         return Target(self.defense, self.grad_mode, eot or 1)  # separate budget: diagnostics are not the attack's cost
+
+
+def _first(value: Any) -> Any:
+    return (value[0] if value else None) if isinstance(value, list) else value
 
 
 def _has_aux(defense: Any, x: Tensor) -> bool:

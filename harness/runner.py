@@ -8,6 +8,7 @@ only on the stored records' seeds, a resumed run escalates exactly like an unint
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ def run(cfg: RunConfig, defense: Defense | None = None) -> Path:
     shards = [indices[i:i + cfg.shard_size] for i in range(0, len(indices), cfg.shard_size)]
     ctx = _Context(cfg, defense, data, store, device, len(indices))
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
+    for b in base:
+        ctx.bar(b.name)
     try:
         for s, idx in enumerate(shards):  # phase A
             if store.shard_stages(s) is None:
@@ -89,6 +92,8 @@ def run(cfg: RunConfig, defense: Defense | None = None) -> Path:
         store.write_config(cfg)
         if escalations:
             log.info("escalating with %s", ", ".join(e.name for e in escalations))
+            for e in escalations:
+                ctx.bar(e.name)
             names = ["clean"] + [b.name for b in base] + [e.name for e in escalations]
             for s, idx in enumerate(shards):  # phase B
                 done = store.shard_stages(s)
@@ -159,6 +164,8 @@ class _Context:
         self.bars: dict[str, Any] = {}
 
     def bar(self, name: str) -> Any:
+        if not bars_enabled(self.cfg.quiet):
+            return _NoBar()
         if name not in self.bars:
             self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars))
         return self.bars[name]
@@ -215,8 +222,8 @@ class _Context:
                 full[before] = outcome.x_adv
                 adv["x_adv"][spec.name] = full.cpu()
             self.bar(spec.name).update(len(indices))
-            log.info("shard %d, %s: %d attempted, %d robust after", shard, spec.name, int(before.sum()),
-                     int(outcome.robust_after.sum()))
+            log.log(logging.DEBUG if self.bars else logging.INFO, "shard %d, %s: %d attempted, %d robust after",
+                    shard, spec.name, int(before.sum()), int(outcome.robust_after.sum()))
         self.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, adv)
 
     @staticmethod
@@ -228,3 +235,10 @@ class _Context:
         for key, value in cols.items():
             df[key] = value if not np.isscalar(value) else [value] * n
         return df[COLUMNS]
+
+
+class _NoBar:
+    """Stands in for a progress bar when bars are off (not a terminal, or --quiet)."""
+
+    def update(self, n: int = 1) -> None:
+        pass

@@ -214,3 +214,18 @@ def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
     for col in ("forward_passes", "backward_passes"):
         assert (cols["plain"][col] > 0).all()
         assert (cols["noise-small"][col] == 20 * cols["plain"][col]).all()
+
+
+def test_third_party_output_goes_to_logging_not_stdout(batch, capsys):
+    """torchattacks prints a notice for a parameter-free model; it must reach logging, not stdout."""
+    from harness.defense import Defense
+
+    class Fixed(torch.nn.Module):  # no parameters
+        def forward(self, x):
+            return torch.stack([x.mean((1, 2, 3)) * k for k in range(10)], 1)
+
+    x, y = batch
+    t = Target(Defense(Fixed(), None, num_classes=10))
+    create_attack("torchattacks:FGSM", eps=0.1)(t, x[:4], y[:4])
+    create_attack("autoattack-standard", eps=0.1)(t, x[:2], y[:2])
+    assert capsys.readouterr().out == ""

@@ -158,3 +158,17 @@ def test_stage_with_nothing_attempted_is_silent():
     x, _ = attack_batch(32)
     _, flags = stage(make("quantize"), PGD_NO_START, before=torch.zeros(len(x), dtype=torch.bool))
     assert flags == []
+
+
+def test_chunked_stage_and_pinned_gradient_mode():
+    """bpda-eot pins BPDA (the target says full): the checks use BPDA, so no zero-gradient flag on a
+    quantizer; results merged from several chunks (batch 8 < 32 samples) are read correctly."""
+    x, y = attack_batch(32)
+    spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 10})
+    outcome, _, _ = run_stage(1, spec, spec.build(0.03, "Linf"), make("quantize"), x, y,
+                              torch.ones(len(x), dtype=torch.bool), grad="full", eot=1, repeats=1, run_seed=0,
+                              shard=0, batch_size=8)
+    assert isinstance(outcome.result.extras["eot"], list)
+    assert outcome.robust_after.any()
+    flags = diagnostics.after_stage(outcome)
+    assert not codes(flags) & {"zero-grad", "masking-large-eps"}
