@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.harness-installed
 # samples per demo run: sized to finish in about 10 minutes on 2 CPU cores (see README)
-DEMO_N ?= 256
+DEMO_N ?= 200
 DEMO_OUT ?= runs
 DEMO_FLAGS ?= --n $(DEMO_N) --seed 0 --attacks standard --out $(DEMO_OUT)
 # data: $HARNESS_DATA if set, else the offline copy in ../shared/data, else torchvision downloads CIFAR-10
