@@ -281,7 +281,7 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
     result = _merge_results(parts, sizes) if parts else attack(target, xa, ya, seed=0)
     x_adv = result.x_adv.detach().to(x.dtype)
     ev = evaluate(defense, x_adv, ya, repeats, derive_seed(run_seed, shard, stage, SEED_EVAL), batch_size)
-    n, r = x.shape[0], repeats
+    n = x.shape[0]
     full = lambda v, fill, dtype: torch.full((n,), fill, dtype=dtype, device=x.device).index_put_((idx,), v.to(device=x.device, dtype=dtype))  # noqa: E731
     linf, l2 = perturbation_norms(xa, x_adv) if n_att else (xa.new_zeros(0), xa.new_zeros(0))
     nan = torch.tensor(float("nan"))

@@ -1,8 +1,9 @@
-"""Test-split data: CIFAR-10, CIFAR-100 and SVHN, and deterministic sample selection.
+"""Image data: CIFAR-10, CIFAR-100 and SVHN (test split for evaluation, train split for the
+training recipes), and deterministic sample selection.
 
 The data root is ``--data-root``, else the environment variable ``HARNESS_DATA``, else a user
 cache directory (``~/.cache/harness/data``) where torchvision may download with ``--download``.
-A root holding ``<dataset>_test.npz`` (``x`` uint8 NHWC, ``y`` int64; the offline format of
+A root holding ``<dataset>_<split>.npz`` (``x`` uint8 NHWC, ``y`` int64; the offline format of
 ``../shared/data``) is read directly, without torchvision.
 """
 from __future__ import annotations
@@ -29,20 +30,20 @@ class DatasetInfo:
     name: str
     num_classes: int
     size: int  # test split size
-    loader: Callable[[Path, bool], tuple[np.ndarray, np.ndarray]]  # (root, download) -> (x NHWC uint8, y int64)
+    loader: Callable[[Path, bool, bool], tuple[np.ndarray, np.ndarray]]  # (root, download, train) -> (x NHWC uint8, y)
 
 
-def _torchvision_cifar(cls_name: str) -> Callable[[Path, bool], tuple[np.ndarray, np.ndarray]]:
-    def load(root: Path, download: bool) -> tuple[np.ndarray, np.ndarray]:
+def _torchvision_cifar(cls_name: str) -> Callable[[Path, bool, bool], tuple[np.ndarray, np.ndarray]]:
+    def load(root: Path, download: bool, train: bool) -> tuple[np.ndarray, np.ndarray]:
         import torchvision
-        ds = getattr(torchvision.datasets, cls_name)(root=str(root), train=False, download=download)
+        ds = getattr(torchvision.datasets, cls_name)(root=str(root), train=train, download=download)
         return np.asarray(ds.data, dtype=np.uint8), np.asarray(ds.targets, dtype=np.int64)
     return load
 
 
-def _torchvision_svhn(root: Path, download: bool) -> tuple[np.ndarray, np.ndarray]:
+def _torchvision_svhn(root: Path, download: bool, train: bool) -> tuple[np.ndarray, np.ndarray]:
     import torchvision
-    ds = torchvision.datasets.SVHN(root=str(root), split="test", download=download)
+    ds = torchvision.datasets.SVHN(root=str(root), split="train" if train else "test", download=download)
     # torchvision keeps SVHN as NCHW; the harness stores NHWC like CIFAR
     return np.ascontiguousarray(np.asarray(ds.data, dtype=np.uint8).transpose(0, 2, 3, 1)), np.asarray(ds.labels, dtype=np.int64)
 
@@ -71,15 +72,15 @@ def resolve_root(data_root: str | os.PathLike | None = None) -> Path:
     return default_cache_dir()
 
 
-def _how_to_get(name: str, root: Path) -> str:
-    return (f"Get the data in one of these ways: pass --data-root DIR (a directory holding {name}_test.npz, "
+def _how_to_get(name: str, root: Path, split: str = "test") -> str:
+    return (f"Get the data in one of these ways: pass --data-root DIR (a directory holding {name}_{split}.npz, "
             f"or torchvision's {name} files), set the environment variable {ENV_VAR}=DIR, "
             f"or add --download to let torchvision download {name} into {str(root)!r}.")
 
 
 @dataclass
 class TestSet:
-    """A dataset's test split held as uint8 NHWC (compact); :meth:`get` returns float NCHW in [0, 1]."""
+    """A dataset split held as uint8 NHWC (compact); :meth:`get` returns float NCHW in [0, 1]."""
     name: str
     x: np.ndarray
     y: np.ndarray
@@ -95,32 +96,40 @@ class TestSet:
         return x.to(device), torch.from_numpy(self.y[idx]).to(device)
 
 
-def load_test_set(name: str = "cifar10", data_root: str | os.PathLike | None = None, download: bool = False) -> TestSet:
-    """Load the test split of ``name`` from the resolved data root.
+def load_split(name: str = "cifar10", split: str = "test", data_root: str | os.PathLike | None = None,
+               download: bool = False) -> TestSet:
+    """Load the ``split`` (``test`` or ``train``) of ``name`` from the resolved data root.
 
     Raises ``FileNotFoundError`` saying how to get the data when it is not there.
     """
+    if split not in ("test", "train"):
+        raise ValueError(f"unknown split {split!r}; accepted: test, train")
     info = dataset_info(name)
     root = resolve_root(data_root)
-    npz = root / f"{name}_test.npz"
+    npz = root / f"{name}_{split}.npz"
     if npz.is_file():
         with np.load(npz) as f:
             x, y = np.asarray(f["x"], dtype=np.uint8), np.asarray(f["y"], dtype=np.int64)
         source = str(npz)
     else:
         if not download and not root.is_dir():
-            raise FileNotFoundError(f"data root {str(root)!r} does not exist. " + _how_to_get(name, root))
+            raise FileNotFoundError(f"data root {str(root)!r} does not exist. " + _how_to_get(name, root, split))
         if download:
             root.mkdir(parents=True, exist_ok=True)
         try:
-            x, y = info.loader(root, download)
+            x, y = info.loader(root, download, split == "train")
         except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
-            raise FileNotFoundError(f"{name} test split not found in data root {str(root)!r} ({exc}). "
-                                    + _how_to_get(name, root)) from exc
+            raise FileNotFoundError(f"{name} {split} split not found in data root {str(root)!r} ({exc}). "
+                                    + _how_to_get(name, root, split)) from exc
         source = f"torchvision:{root}"
     if x.ndim != 4 or x.shape[-1] not in (1, 3) or x.shape[0] != y.shape[0]:
         raise ValueError(f"{name} data from {source} has shape x{x.shape}, y{y.shape}; expected x (N, H, W, C) uint8 and y (N,)")
     return TestSet(name, x, y, info.num_classes, source)
+
+
+def load_test_set(name: str = "cifar10", data_root: str | os.PathLike | None = None, download: bool = False) -> TestSet:
+    """The test split of ``name`` (what every evaluation uses)."""
+    return load_split(name, "test", data_root, download)
 
 
 def select_indices(total: int, n: int | str = "all", seed: int = 0) -> list[int]:

@@ -97,6 +97,9 @@ class RunStore:
                 diff = sorted(k for k, v in cfg.result_dict().items() if old.result_dict().get(k) != v)
                 raise ValueError(f"run directory {str(self.dir)!r} holds a run with different settings ({', '.join(diff)}); "
                                  "use another --run-id or --out, or delete that directory to start over")
+            if old.batch_size != cfg.batch_size:  # attack seeds are drawn per batch: a new size changes results
+                raise ValueError(f"run directory {str(self.dir)!r} was run with --batch-size {old.batch_size}; resume it "
+                                 f"with the same --batch-size (got {cfg.batch_size}) so the remaining shards match")
         self.records_dir.mkdir(parents=True, exist_ok=True)
         write_config(cfg, cfg_path)
         return resuming

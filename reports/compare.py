@@ -32,7 +32,8 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
     if problems and not allow_mismatch:
         raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
                                   "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
-    oa, ob = outcome_table(a.records, criterion), outcome_table(b.records, criterion)
+    oa = outcome_table(a.records, criterion, config=a.config)
+    ob = outcome_table(b.records, criterion, config=b.config)
     for run, o, col in ((a, oa, attack), (b, ob, attack_b)):
         if col not in o.columns:
             raise ValueError(f"{run.run_id} has no column {col!r}; available: {', '.join(o.columns)}")

@@ -1,7 +1,6 @@
-"""Read a run directory (layout in TEAM.md / harness.store) into a :class:`RunData`.
+"""Read a run directory (layout: README "Where results go", harness.store) into a :class:`RunData`.
 
-Uses ``harness.store.load_records`` when the store exists, else reads the Parquet shards
-with pandas, so reports work on any directory with the documented layout.
+Records come from ``harness.store.load_records``.
 """
 from __future__ import annotations
 
@@ -37,17 +36,8 @@ class RunData:
 
 
 def _read_records(run_dir: Path) -> pd.DataFrame:
-    try:
-        from harness.store import load_records  # written by the spine helper
-    except ImportError:
-        load_records = None
-    if load_records is not None:
-        return load_records(run_dir)
-    shards = sorted((run_dir / "records").glob("shard-*.parquet"))
-    if not shards:
-        raise FileNotFoundError(f"{run_dir}: no records/shard-*.parquet found; is this a run directory "
-                                "written by `harness run`?")
-    return pd.concat([pd.read_parquet(s) for s in shards], ignore_index=True)
+    from harness.store import load_records
+    return load_records(run_dir)
 
 
 def _name(value: Any) -> str | None:
@@ -81,7 +71,7 @@ def load_run(run_dir: str | Path) -> RunData:
     records = _read_records(path)
     missing = [c for c in REQUIRED_COLUMNS if c not in records.columns]
     if missing:
-        raise ValueError(f"{path}: records lack columns {missing}; expected the long format of TEAM.md "
+        raise ValueError(f"{path}: records lack columns {missing}; expected the long record format of README 'Where results go' "
                          f"(columns present: {sorted(records.columns)})")
     config: dict[str, Any] = {}
     if (path / "config.toml").exists():

@@ -46,14 +46,18 @@ def _stage_values(rows: pd.DataFrame, criterion: str, is_clean: bool) -> pd.Seri
     return value.groupby(rows["index"]).agg(agg)
 
 
-def is_cascade(records: pd.DataFrame) -> bool:
-    """True when some attack skipped samples (cascade mode); False for ``--every-attack`` runs."""
+def is_cascade(records: pd.DataFrame, config: dict[str, Any] | None = None) -> bool:
+    """Cascade mode (each attack only on samples still robust) unless the run's config says
+    ``every_attack``; without a config, inferred from whether any attack skipped samples."""
+    if config and "every_attack" in config:
+        return not bool(config["every_attack"])
     if "attempted" not in records.columns:
         return False
     return not bool(records.loc[records["stage"] > 0, "attempted"].astype(bool).all())
 
 
-def outcome_table(records: pd.DataFrame, criterion: str = "all", cumulative: bool | None = None) -> pd.DataFrame:
+def outcome_table(records: pd.DataFrame, criterion: str = "all", cumulative: bool | None = None,
+                  config: dict[str, Any] | None = None) -> pd.DataFrame:
     """One row per sample, a column per stage (``clean``, attacks...) and ``worst-case``.
 
     Values are 0/1 (fractions for criterion ``mean``). Missing stage rows count as not robust.
@@ -64,7 +68,7 @@ def outcome_table(records: pd.DataFrame, criterion: str = "all", cumulative: boo
     """
     check_criterion(criterion)
     if cumulative is None:
-        cumulative = is_cascade(records)
+        cumulative = is_cascade(records, config)
     index = np.sort(records["index"].unique())
     out = pd.DataFrame(index=pd.Index(index, name="index"))
     worst = pd.Series(1.0, index=out.index)

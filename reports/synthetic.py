@@ -1,4 +1,4 @@
-"""Synthetic run directories in the documented layout (TEAM.md), for tests and documentation.
+"""Synthetic run directories in the documented layout (README "Where results go"), for tests and documentation.
 
 Each sample gets a latent robustness ``u ~ U(0, 1)``: it is clean-correct when ``u < clean``
 and survives attack k when ``u < robust[k]`` (the target accuracies must decrease). Stochastic
@@ -20,7 +20,7 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
                       iterations: int = 100, restarts: int = 1, eot: int = 1, queries: int = 0,
                       noise_samples: int = 0, nonfinite: int = 0, cascade: bool = True, shards: int = 1,
                       latent: np.ndarray | None = None, index_offset: int = 0) -> pd.DataFrame:
-    """Long-format records (one row per sample and stage) with the columns of TEAM.md."""
+    """Long-format records (one row per sample and stage) with the documented record columns."""
     rng = np.random.default_rng(seed)
     u = rng.uniform(size=n) if latent is None else np.asarray(latent, dtype=float)
     labels = rng.integers(0, 10, size=n)

@@ -82,7 +82,7 @@ def _cell(attack: str, values: np.ndarray, flags: list[str], s: Settings, cache:
 
 
 def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
-    outcomes = outcome_table(run.records, s.criterion)
+    outcomes = outcome_table(run.records, s.criterion, config=run.config)
     flags = stage_flags(run.records, run.diagnostics)
     cache: dict[bytes, Interval] = {}
     cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), s, cache) for name in outcomes.columns}

@@ -29,19 +29,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
-from .train import _batch, _lr, batch_index, load_cifar10_train, resolve_data_root, save_weights
+from .train import _batch, _lr, batch_index, load_cifar10_train, save_weights
 
 log = logging.getLogger(__name__)
-
-
-def _labels(data_root: str | None) -> torch.Tensor:
-    import numpy as np
-    npz = resolve_data_root(data_root) / "cifar10_train.npz"
-    if npz.is_file():
-        with np.load(npz) as data:
-            return torch.from_numpy(data["y"])
-    import torchvision
-    return torch.tensor(torchvision.datasets.CIFAR10(str(resolve_data_root(data_root)), train=True).targets)
 
 
 def _pgd(classifier: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int,
@@ -80,7 +70,7 @@ def finetune(args: argparse.Namespace) -> dict:
         opt.load_state_dict(state["optimizer"])
         step, history = int(state["step"]), list(state["history"])
         log.info("resumed from %s at step %d", state_path, step)
-    images, labels = load_cifar10_train(args.data_root), _labels(args.data_root)
+    images, labels = load_cifar10_train(args.data_root)
     command = " ".join(["python -m defenses.amrm_pure.finetune", *sys.argv[1:]])
 
     def record(loss_ema: float | None) -> dict:
@@ -137,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=str(DEFAULT_RAMRM), help="fine-tuned weights file (state dict)")
     parser.add_argument("--classifier", default="autoattack-resnet18", help="frozen classifier (harness.models source)")
     parser.add_argument("--data-root", default=None,
-                        help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
+                        help="data root: cifar10_train.npz or torchvision files (default $HARNESS_DATA, else ~/.cache/harness/data)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)

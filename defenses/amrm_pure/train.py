@@ -16,46 +16,28 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
+
+from harness.data import load_split
 
 if TYPE_CHECKING:
     from .mae import MaskedAutoencoder
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def resolve_data_root(data_root: str | None) -> Path:
-    """``--data-root``, else ``$HARNESS_DATA``, else ``../shared/data`` next to the repository."""
-    root = data_root or os.environ.get("HARNESS_DATA") or str(REPO_ROOT.parent / "shared" / "data")
-    return Path(root)
-
-
-def load_cifar10_train(data_root: str | None, *, download: bool = False) -> Tensor:
-    """CIFAR-10 training images as uint8 (N, 3, 32, 32): ``cifar10_train.npz`` under the data root
-    (``x`` uint8 NHWC), else torchvision's CIFAR-10 in the same folder (``download`` fetches it)."""
-    root = resolve_data_root(data_root)
-    npz = root / "cifar10_train.npz"
-    if npz.is_file():
-        with np.load(npz) as data:
-            return torch.from_numpy(data["x"]).permute(0, 3, 1, 2).contiguous()
-    try:
-        import torchvision
-        ds = torchvision.datasets.CIFAR10(str(root), train=True, download=download)
-    except Exception as exc:  # torchvision raises RuntimeError when the files are missing
-        raise FileNotFoundError(f"no CIFAR-10 training data under {str(root)!r}: expected cifar10_train.npz or torchvision's "
-                                f"cifar-10-batches-py ({exc}); pass --data-root, set HARNESS_DATA, or add --download") from None
-    return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+def load_cifar10_train(data_root: str | None, *, download: bool = False) -> tuple[Tensor, Tensor]:
+    """CIFAR-10 training images as uint8 (N, 3, 32, 32) and their labels, from the harness data root."""
+    data = load_split("cifar10", "train", data_root, download)
+    return torch.from_numpy(data.x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(data.y)
 
 
 def batch_index(n: int, step: int, batch_size: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -118,7 +100,7 @@ def train(args: argparse.Namespace) -> dict:
         opt.load_state_dict(state["optimizer"])
         step, history = int(state["step"]), list(state["history"])
         log.info("resumed from %s at step %d", state_path, step)
-    images = load_cifar10_train(args.data_root, download=args.download)
+    images, _ = load_cifar10_train(args.data_root, download=args.download)
     command = args.command_line or " ".join(["python -m defenses.amrm_pure.train", *sys.argv[1:]])
 
     def record(loss_ema: float | None) -> dict:
@@ -172,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("embed-dim", "depth", "num-heads", "decoder-embed-dim", "decoder-depth", "decoder-num-heads"):
         parser.add_argument(f"--{name}", type=int, default=None, help="override the preset's value")
     parser.add_argument("--data-root", default=None,
-                        help="folder with cifar10_train.npz (default $HARNESS_DATA or ../shared/data)")
+                        help="data root: cifar10_train.npz or torchvision files (default $HARNESS_DATA, else ~/.cache/harness/data)")
     parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
     parser.add_argument("--steps", type=int, default=6000, help="total optimizer steps")
     parser.add_argument("--batch-size", type=int, default=128)

@@ -11,7 +11,7 @@ import argparse
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("claim", help="check whether a published accuracy difference is supported by its n",
-                              description="Check a published claim 'A beats B' from the two accuracies (in %%) and "
+                              description="Check a published claim 'A beats B' from the two accuracies (in %) and "
                                           "the number of test samples. No run needed.")
     p.add_argument("--a", type=float, required=True, help="accuracy of A in percent (e.g. 62.13)")
     p.add_argument("--b", type=float, required=True, help="accuracy of B in percent (e.g. 55.76)")

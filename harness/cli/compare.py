@@ -22,10 +22,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--criterion", default="all", choices=("all", "majority"),
                    help="stochastic defenses: robust in all R draws (default) or in the majority")
     p.add_argument("--allow-mismatch", action="store_true", help="compare even if the attack budgets differ")
-    p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resamples", type=int, default=10_000)
+    p.add_argument("--confidence", type=float, default=0.95, help="interval confidence level (default 0.95)")
+    p.add_argument("--alpha", type=float, default=0.05, help="McNemar test level (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     p.set_defaults(func=run)
 
 
