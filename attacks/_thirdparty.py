@@ -138,3 +138,15 @@ def finalize(target: Target, x: Tensor, x_adv: Tensor, y: Tensor, *, eps: float,
     m = margin_loss(torch.nan_to_num(logits), y)
     loss = cross_entropy(torch.nan_to_num(logits), y)
     return AttackResult(x_adv=x_adv, success=(m > 0) | ~finite, loss=loss, margin=m, extras=dict(extras or {}))
+
+
+def run_apgd(apgd: Any, probe: ProbeModule, attack: Any, view_target: Target, target: Target, x: Tensor,
+             y: Tensor) -> AttackResult:
+    """Run a pyautoattack APGD object built on ``probe``, with its accuracy trace, upstream's prints
+    routed to logging, and the result finalized under ``attack``'s threat model."""
+    trace: list[float] = []
+    trace_apgd(apgd, probe, x.shape[0], trace)
+    with quiet_stdout():  # upstream prints in a few corner cases
+        x_adv = apgd.perturb(x, y)
+    return finalize(target, x, x_adv, y, eps=attack.eps, norm=attack.norm, draws=default_draws(target, attack.draws),
+                    extras={"acc_trace": trace, "eot": view_target.eot})

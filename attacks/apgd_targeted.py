@@ -11,7 +11,7 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, quiet_stdout, trace_apgd, view
+from ._thirdparty import CountedModule, ProbeModule, run_apgd, view
 from .base import Attack, AttackResult, Norm, register_attack
 
 
@@ -47,12 +47,7 @@ class APGDTargeted(Attack):
                                    seed=seed, eot_iter=1, rho=self.rho, n_target_classes=min(self.targets, target.num_classes - 1),
                                    verbose=False, device=x.device, use_largereps=self.use_largereps,
                                    logger=logging.getLogger("auto-attack"))
-        trace: list[float] = []
-        trace_apgd(apgd, probe, x.shape[0], trace)
-        with quiet_stdout():  # upstream prints in a few corner cases
-            x_adv = apgd.perturb(x, y)
-        return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws),
-                        extras={"acc_trace": trace, "eot": t.eot})
+        return run_apgd(apgd, probe, self, t, target, x, y)
 
 
 @register_attack("apgd-t")

@@ -89,8 +89,8 @@ def robustbench_model(name: str, dataset: str = "cifar10", threat_model: str = "
     try:
         from robustbench.utils import load_model
     except ImportError as exc:
-        raise RuntimeError(f"classifier 'robustbench:{name}' needs the 'robustbench' package: "
-                           "pip install git+https://github.com/RobustBench/robustbench.git") from exc
+        raise RuntimeError(f"classifier 'robustbench:{name}' needs the 'robustbench' package, which could not be imported "
+                           f"({exc}): pip install git+https://github.com/RobustBench/robustbench.git") from exc
     try:
         return load_model(model_name=name, dataset=dataset, threat_model=threat_model).eval()
     except Exception as exc:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
-from .train import _batch, _lr, batch_index, load_cifar10_train, save_weights
+from .train import _batch, _lr, add_loop_arguments, batch_index, load_cifar10_train, recipe_main, save_weights
 
 log = logging.getLogger(__name__)
 
@@ -139,23 +139,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eta", type=float, default=16 / 255)
     parser.add_argument("--mask-ratio", type=float, default=0.75)
     parser.add_argument("--tau", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--checkpoint-every", type=int, default=25)
-    parser.add_argument("--restart", action="store_true", help="ignore an existing training state and start over")
-    parser.add_argument("--no-progress", action="store_true")
+    add_loop_arguments(parser, log_every=10, checkpoint_every=25)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m defenses.amrm_pure.finetune", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rec = finetune(args)
-    log.info("done: %d steps, loss (EMA) %.4f -> %s", rec["steps"], rec["final_loss_ema"], args.out)
-    return 0
+    return recipe_main(argv, "defenses.amrm_pure.finetune", __doc__, add_arguments, finetune)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -162,24 +162,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--mask-ratio", type=float, default=0.75)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--checkpoint-every", type=int, default=200)
-    parser.add_argument("--restart", action="store_true", help="ignore an existing training state and start over")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_loop_arguments(parser, log_every=50, checkpoint_every=200)
     parser.set_defaults(command_line=None)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m defenses.amrm_pure.train", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
+def add_loop_arguments(parser: argparse.ArgumentParser, *, log_every: int, checkpoint_every: int) -> None:
+    """Options every resumable training recipe shares (seed, device, logging, checkpoints)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--log-every", type=int, default=log_every)
+    parser.add_argument("--checkpoint-every", type=int, default=checkpoint_every)
+    parser.add_argument("--restart", action="store_true", help="ignore an existing training state and start over")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def recipe_main(argv: Sequence[str] | None, module: str, doc: str, add: Callable[[argparse.ArgumentParser], None],
+                run: Callable[[argparse.Namespace], dict]) -> int:
+    """``python -m <module>`` entry point of a training recipe."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
+    add(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rec = train(args)
-    log.info("done: %d steps, final reconstruction loss (EMA) %.5f -> %s", rec["steps"], rec["final_loss_ema"], args.out)
+    rec = run(args)
+    log.info("done: %d steps, final loss (EMA) %.5f -> %s", rec["steps"], rec["final_loss_ema"], args.out)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return recipe_main(argv, "defenses.amrm_pure.train", __doc__, add_arguments, train)
 
 
 if __name__ == "__main__":
