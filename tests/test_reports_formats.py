@@ -131,7 +131,7 @@ def test_report_cli_writes_file_and_rejects_bad_input(runs: list[Path], tmp_path
         render(runs, "pdf")
 
 
-def test_uses_spine_loader_layout(runs: list[Path]) -> None:
+def test_uses_store_loader_layout(runs: list[Path]) -> None:
     run = load_run(runs[0])
     assert run.defense == "none" and run.dataset == "cifar10" and len(run.records) == 64 * 3
     assert set(run.traces) == {"apgd-ce", "apgd-t"} and len(run.traces["apgd-ce"]) == 2  # two shards

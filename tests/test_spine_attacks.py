@@ -1,4 +1,4 @@
-"""Spine attack mechanics: PGD strength and eps=0 identity, batched EOT, BPDA vs full gradients."""
+"""Core attack mechanics: PGD strength and eps=0 identity, batched EOT, BPDA vs full gradients."""
 from __future__ import annotations
 
 import torch
