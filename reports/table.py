@@ -133,12 +133,17 @@ def columns_note(table: Table) -> str:
 
 def planning_note(table: Table, half_width: float = 0.01) -> str:
     """How many samples a ±1-point interval needs at each row's worst-case accuracy."""
-    from harness.planning import n_for_half_width
+    from harness.data import DATASETS
+    from harness.planning import n_for_half_width, wilson_half_width
 
     parts = []
     for row in table.rows:
-        p = row.cells[WORST].accuracy
-        n = n_for_half_width(p, half_width, table.settings.confidence)
-        parts.append(f"{row.label}: n = {n:,} at {pct(p)}%")
+        p, conf = row.cells[WORST].accuracy, table.settings.confidence
+        text = f"{row.label}: n = {n_for_half_width(p, half_width, conf):,} at {pct(p)}%"
+        info = DATASETS.get(row.run.dataset)
+        if info is not None:  # Wilson (not the normal approximation, which says 0 samples at 0% or 100%)
+            text += (f" (the full {info.size:,}-image {info.name} test split gives "
+                     f"±{100 * wilson_half_width(p, info.size, conf):.2f} points)")
+        parts.append(text)
     return (f"Samples needed for a ±{100 * half_width:g}-point {table.settings.confidence * 100:g}% Wilson interval "
             f"at the worst-case accuracy: " + "; ".join(parts) + ".")

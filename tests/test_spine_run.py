@@ -114,8 +114,8 @@ def test_non_finite_logits_never_count_as_robust(tiny_data_root, tmp_path):
     assert not clean.correct_all[bad].any() and not clean.correct_majority[bad].any()
     assert (clean.preds[bad].map(lambda p: p == [-1])).all()
     # with eps = 0 nothing else can break a sample: the finite ones stay robust, the NaN ones never are
-    from harness.cli.run import worst_case
-    worst = worst_case(df)
+    from reports.outcomes import WORST, outcome_table
+    worst = outcome_table(df)[WORST].astype(bool)
     assert not worst[bad[bad].index].any() and worst[(~bad)[~bad].index].all()
     from reports import render
     report = json.loads(render([run_dir], "json"))

@@ -3,11 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import pandas as pd
+from typing import Any
 
 from harness.config import RunConfig, config_from_mapping, load_toml, merge, parse_key_values
 from harness.defense import GRAD_MODES
@@ -86,45 +82,17 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
-def worst_case(df: "pd.DataFrame", criterion: str = "all") -> "pd.Series":
-    """Per-sample worst case: clean correct and correct at every attempted stage (``all`` or ``majority`` of repeats)."""
-    correct = df[f"correct_{criterion}"].astype(bool)
-    ok = correct | (~df.attempted.astype(bool) & (df.stage > 0))
-    return ok.groupby(df["index"]).all()
-
-
-def summary_lines(run_dir: Path, fmt: str) -> tuple[str, str]:
-    """The final table (rendered by the ``reports`` package) and the ±1-point sample-size line."""
-    from harness.config import read_config
-    from harness.data import DATASETS
-    from harness.planning import n_for_half_width, wilson_half_width
-    from harness.store import load_records
-    from reports import render
-    table = render([run_dir], fmt)
-    worst = worst_case(load_records(run_dir), "all")
-    acc, n = float(worst.mean()), len(worst)
-    cfg = read_config(run_dir / "config.toml")
-    full = DATASETS[cfg.dataset].size
-    # Wilson-based (harness.planning) rather than harness.stats.half_width_n's normal approximation,
-    # which gives 0 samples at 0% or 100% accuracy
-    need = n_for_half_width(acc, 0.01)
-    note = (f"Worst-case robust accuracy {100 * acc:.1f}% on n={n:,} (robust in all repeats). A ±1-point 95% interval "
-            f"at this accuracy needs n = {need:,}; the full {full:,}-image {cfg.dataset} test split would give "
-            f"±{100 * wilson_half_width(acc, full):.2f} points.")
-    return table, note
-
-
 def main(args: argparse.Namespace) -> int:
     from harness.runner import run
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
     run_dir = run(cfg)
     try:
-        table, note = summary_lines(run_dir, args.format)
+        from reports import render
+        table = render([run_dir], args.format)
     except Exception as exc:
         raise RuntimeError(f"the run finished and its records are in {str(run_dir)!r}, but rendering the table failed "
                            f"({type(exc).__name__}: {exc}); retry with `harness report {run_dir}`") from exc
     print(table)
-    print(note, file=sys.stdout if args.format in ("markdown", "text") else sys.stderr)
     print(f"records: {run_dir}", file=sys.stderr)
     return 0
