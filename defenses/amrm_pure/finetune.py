@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
-from .train import _batch, _lr, add_loop_arguments, batch_index, load_cifar10_train, recipe_main, save_weights
+from .train import _batch, _lr, add_loop_arguments, batch_index, load_cifar10_train, recipe_main, resume, save_weights
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +63,7 @@ def finetune(args: argparse.Namespace) -> dict:
                             mask_ratio=args.mask_ratio, tau=args.tau).to(device)
     classifier = load_classifier(args.classifier).to(device).eval().requires_grad_(False)
     opt = torch.optim.AdamW(mae.parameters(), lr=args.lr, weight_decay=0.0)
-    step, history = 0, []
-    if state_path.is_file() and not args.restart:
-        state = torch.load(state_path, map_location=device, weights_only=True)
-        mae.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, history = int(state["step"]), list(state["history"])
-        log.info("resumed from %s at step %d", state_path, step)
+    step, history = resume(state_path, mae, opt, device, restart=args.restart)
     images, labels = load_cifar10_train(args.data_root)
     command = " ".join(["python -m defenses.amrm_pure.finetune", *sys.argv[1:]])
 

@@ -75,6 +75,22 @@ def save_weights(model: "MaskedAutoencoder", out: Path, record: dict) -> None:
     sidecar_path(out).write_text(json.dumps({"config": model.config.to_dict(), **record}, indent=2) + "\n")
 
 
+def resume(state_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, *,
+           restart: bool, config: dict | None = None) -> tuple[int, list]:
+    """Load a training state saved by a recipe (model, optimizer, step, loss history) unless ``restart``;
+    returns ``(step, history)``, ``(0, [])`` when starting fresh."""
+    if restart or not state_path.is_file():
+        return 0, []
+    state = torch.load(state_path, map_location=device, weights_only=True)
+    if config is not None and state.get("config") != config:
+        raise ValueError(f"{state_path} was trained with config {state.get('config')}, not {config}; "
+                         "use the same options or pass --restart")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    log.info("resumed from %s at step %d", state_path, int(state["step"]))
+    return int(state["step"]), list(state["history"])
+
+
 def train(args: argparse.Namespace) -> dict:
     """Run (or resume) training; returns the final training record."""
     from .mae import build_mae, mae_config
@@ -90,16 +106,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     model = build_mae(config, fused_attn=True).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    step, history = 0, []
-    if state_path.is_file() and not args.restart:
-        state = torch.load(state_path, map_location=device, weights_only=True)
-        if state["config"] != config.to_dict():
-            raise ValueError(f"{state_path} was trained with config {state['config']}, not {config.to_dict()}; "
-                             "use the same options or pass --restart")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, history = int(state["step"]), list(state["history"])
-        log.info("resumed from %s at step %d", state_path, step)
+    step, history = resume(state_path, model, opt, device, restart=args.restart, config=config.to_dict())
     images, _ = load_cifar10_train(args.data_root, download=args.download)
     command = args.command_line or " ".join(["python -m defenses.amrm_pure.train", *sys.argv[1:]])
 
