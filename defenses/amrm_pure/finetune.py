@@ -21,7 +21,6 @@ import argparse
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -29,7 +28,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
-from .train import _batch, _lr, add_loop_arguments, batch_index, load_cifar10_train, recipe_main, resume, save_weights
+from .train import (_batch, _lr, add_loop_arguments, batch_index, load_cifar10_train, recipe_main, recipe_paths,
+                    resume, save_weights)
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,7 @@ def finetune(args: argparse.Namespace) -> dict:
 
     from .purifier import AMRMPurifier
 
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    state_path = out.with_suffix(".state.pt")
+    device, out, state_path = recipe_paths(args)
     mae = load_mae(args.mae).to(device)
     purifier = AMRMPurifier(mae, steps=args.purify_steps, step_size=args.step_size, eta=args.eta,
                             mask_ratio=args.mask_ratio, tau=args.tau).to(device)

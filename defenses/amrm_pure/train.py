@@ -91,15 +91,20 @@ def resume(state_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
     return int(state["step"]), list(state["history"])
 
 
+def recipe_paths(args: argparse.Namespace) -> tuple[torch.device, Path, Path]:
+    """Apply ``--threads`` and return the device, the weights file (its folder created) and the
+    resumable training-state file next to it."""
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return torch.device(args.device), out, out.with_suffix(".state.pt")
+
+
 def train(args: argparse.Namespace) -> dict:
     """Run (or resume) training; returns the final training record."""
     from .mae import build_mae, mae_config
 
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    state_path = out.with_suffix(".state.pt")
+    device, out, state_path = recipe_paths(args)
     overrides = {k: getattr(args, k) for k in ("embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
                                                 "decoder_num_heads")}
     config = mae_config(args.preset, **overrides)
