@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from harness.losses import cross_entropy, margin as margin_loss
 from harness.target import Target
 
-from .base import AttackResult, Norm, project
+from harness.attack import AttackResult, Norm, project
 
 LOG = logging.getLogger("harness.attacks")
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from harness.target import Target
 
-from .base import AttackResult, register_attack
+from harness.attack import AttackResult, register_attack
 from .pgd import PGD
 
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from harness.target import Target
 
 from ._thirdparty import CountedModule, ProbeModule, run_apgd, view
-from .base import Attack, AttackResult, Norm, register_attack
+from harness.attack import Attack, AttackResult, Norm, register_attack
 
 
 class APGDTargeted(Attack):

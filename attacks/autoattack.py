@@ -18,7 +18,7 @@ from torch import Tensor
 from harness.target import Target
 
 from ._thirdparty import CountedModule, ProbeModule, default_draws, finalize, quiet_stdout, trace_apgd, view
-from .base import Attack, AttackResult, Norm, register_attack
+from harness.attack import Attack, AttackResult, Norm, register_attack
 
 VERSIONS = ("standard", "rand")
 

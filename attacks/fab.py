@@ -11,7 +11,7 @@ from torch import Tensor
 from harness.target import Target
 
 from ._thirdparty import CountedModule, default_draws, finalize, quiet_stdout, view
-from .base import Attack, AttackResult, Norm, register_attack
+from harness.attack import Attack, AttackResult, Norm, register_attack
 
 
 class FAB(Attack):

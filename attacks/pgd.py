@@ -14,7 +14,7 @@ from torch import Tensor
 from harness.losses import get_loss, margin as margin_loss
 from harness.target import Target
 
-from .base import Attack, AttackResult, Norm, project, register_attack
+from harness.attack import Attack, AttackResult, Norm, project, register_attack
 
 SCHEDULES = ("constant", "cosine", "step")
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from harness.target import Target
 
 from ._thirdparty import default_draws, finalize
-from .base import Attack, AttackResult, Norm, register_attack
+from harness.attack import Attack, AttackResult, Norm, register_attack
 
 
 class RayS(Attack):

@@ -14,7 +14,7 @@ from torch import Tensor
 from harness.target import Target
 
 from ._thirdparty import default_draws, finalize, quiet_stdout
-from .base import Attack, AttackResult, Norm, register_attack
+from harness.attack import Attack, AttackResult, Norm, register_attack
 
 
 class Square(Attack):

@@ -17,7 +17,7 @@ from torch import Tensor
 from harness.target import Target
 
 from ._thirdparty import CountedModule, default_draws, finalize, quiet_stdout, view
-from .base import ATTACKS, Attack, AttackResult, Norm, register_attack
+from harness.attack import ATTACKS, Attack, AttackResult, Norm, register_attack
 
 # torchattacks 3.5.1's ``__all__`` minus the wrappers (MultiAttack, LGV take attacks, not a model).
 # Listed statically so registering the aliases does not import torchattacks (~1.5 s); checked at use.

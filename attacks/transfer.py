@@ -16,7 +16,7 @@ from harness.defense import Defense, create_defense
 from harness.target import Target
 
 from ._thirdparty import default_draws, finalize
-from .base import Attack, AttackResult, Norm, create_attack, register_attack
+from harness.attack import Attack, AttackResult, Norm, create_attack, register_attack
 
 
 class Transfer(Attack):

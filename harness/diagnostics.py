@@ -1,6 +1,6 @@
 """Diagnostics that tell a failed attack from a robust defense, computed after every battery stage.
 
-The battery calls :func:`after_stage` with a :class:`harness.battery.StageOutcome`; each check
+The battery calls :func:`after_stage` with a :class:`harness.stage.StageOutcome`; each check
 returns a :class:`Flag` with a one-line remedy and the attacks that address it
 (``harness.escalation``). The checks follow AutoAttack's own checks (Croce & Hein, 2020), Carlini
 et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pintor et al., 2022):
@@ -64,7 +64,7 @@ class Flag:
 
 def after_stage(outcome: Any) -> list[Flag]:
     """All flags for one stage on one shard (the battery's hook). Deterministic given the outcome."""
-    from harness.battery import seeded
+    from harness.seeding import seeded
 
     flags: list[Flag] = []
     ctx = _Context(outcome)

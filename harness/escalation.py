@@ -1,7 +1,7 @@
 """Auto-escalation rules: which attack addresses which diagnostic.
 
 Each rule maps a flag code (and the stage that raised it) to battery entries (plain dicts in
-the ``[[attacks]]`` schema of ``harness.battery.AttackSpec``: ``name``, ``attack``, ``options``,
+the ``[[attacks]]`` schema of ``harness.presets.AttackSpec``: ``name``, ``attack``, ``options``,
 ``grad``, ``eot``). The runner adds them, deduplicated by name, after the configured battery and
 runs them on the samples still robust. Rules are pure functions of the flag and the stage's
 configuration, so a resumed run escalates exactly like an uninterrupted one.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attacks.base import ATTACKS
+from harness.attack import ATTACKS
 
 MAX_EOT = 200
 ESCALATION_PREFIX = "esc-"
@@ -85,7 +85,7 @@ def gradient_free(stochastic: bool, norm: str) -> list[dict[str, Any]]:
 def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[str, Any]]:
     """The specs that build under the run's threat model (e.g. an attack without a ``steps`` option
     cannot be escalated with more steps; RayS is ℓ∞-only); the others are dropped, never run half-valid."""
-    from harness.battery import AttackSpec
+    from harness.presets import AttackSpec
 
     out = []
     for spec in specs:

@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 
 from harness import diagnostics
-from harness.battery import AttackSpec, StageOutcome, clean_stage, resolve_battery, run_stage
+from harness.presets import AttackSpec, resolve_battery
+from harness.stage import StageOutcome, clean_stage, run_stage
 from harness.config import RunConfig
 from harness.data import TestSet, load_test_set, select_indices
 from harness.defense import Defense, create_defense

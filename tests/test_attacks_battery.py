@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attacks import create_attack, list_attacks
-from attacks.base import perturbation_norms
+from harness.attack import perturbation_norms
 from harness.target import Target
 from helpers_attacks import attack_batch, make
 
@@ -201,7 +201,8 @@ def test_nonfinite_logits_count_as_success():
 
 def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
     """bpda-eot spends EOT draws only on stochastic defenses and pins BPDA; the record says so."""
-    from harness.battery import AttackSpec, run_stage
+    from harness.presets import AttackSpec
+    from harness.stage import run_stage
     x, y = batch
     x, y = x[:4], y[:4]
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 3})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from attacks import list_attacks
-from harness.battery import PRESET_DIR, list_presets, resolve_battery
+from harness.presets import PRESET_DIR, list_presets, resolve_battery
 
 PRESETS = ("quick", "standard", "adaptive", "full")
 

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from harness import diagnostics
-from harness.battery import AttackSpec, run_stage
+from harness.presets import AttackSpec
+from harness.stage import run_stage
 from harness.defense import Defense
 from helpers_attacks import NUM_CLASSES, attack_batch, make, tiny_cnn
 

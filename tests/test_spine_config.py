@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.battery import AttackSpec, derive_seed, list_presets, resolve_battery
+from harness.presets import AttackSpec, list_presets, resolve_battery
+from harness.seeding import derive_seed
 from harness.config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
 
 

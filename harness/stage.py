@@ -1,5 +1,5 @@
-"""The attack battery: ordered attack specs (from presets, TOML or CLI), the per-stage runner,
-and repeated evaluation of the final adversarial inputs.
+"""One stage: an attack on the still-robust samples of one shard, its adversarials evaluated,
+and the per-sample record columns of the stage.
 
 A *stage* runs one attack on one shard of samples. In the default cascade mode a stage
 attacks only the samples still robust after the earlier stages (worst case over attacks,
@@ -12,123 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from attacks.base import ATTACKS, Attack, AttackResult, perturbation_norms
-from harness.config import load_toml
-from harness.defense import GRAD_MODES, Defense
-from harness.losses import margin as margin_fn
+from harness.attack import Attack, AttackResult, perturbation_norms
+from harness.defense import Defense
+from harness.evaluation import Evaluation, evaluate
+from harness.presets import AttackSpec
+from harness.seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, derive_seed, seeded
 from harness.target import Budget, Target
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
-SEED_ATTACK, SEED_EVAL, SEED_DEFENSE = 0, 1, 2
-
-
-@dataclass
-class AttackSpec:
-    """One battery entry: a unique ``name``, the registry ``attack`` spec, its ``options``,
-    and optional per-attack gradient mode and EOT draws (``None``: the run's)."""
-    name: str
-    attack: str
-    options: dict[str, Any] = field(default_factory=dict)
-    grad: str | None = None
-    eot: int | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], *, source: str = "battery") -> "AttackSpec":
-        d = dict(d)
-        if "attack" not in d and "name" not in d:
-            raise ValueError(f"{source}: an attack entry needs 'attack' (registry name) and/or 'name'; got {d}")
-        d.setdefault("attack", d.get("name"))
-        d.setdefault("name", d["attack"])
-        unknown = sorted(set(d) - {"name", "attack", "options", "grad", "eot"})
-        if unknown:
-            raise ValueError(f"{source}: attack {d['name']!r} has unknown key(s) {', '.join(unknown)}; "
-                             "accepted: name, attack, options, grad, eot")
-        if d.get("grad") is not None and d["grad"] not in GRAD_MODES:
-            raise ValueError(f"{source}: attack {d['name']!r} grad {d['grad']!r}; accepted: {', '.join(GRAD_MODES)}")
-        return cls(name=str(d["name"]), attack=str(d["attack"]), options=dict(d.get("options") or {}),
-                   grad=d.get("grad"), eot=d.get("eot"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    def build(self, eps: float, norm: str) -> Attack:
-        """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own."""
-        return ATTACKS.create(self.attack, **{"eps": eps, "norm": norm, **self.options})
-
-
-# -- presets and battery parsing ---------------------------------------------------------
-
-def list_presets(directory: Path = PRESET_DIR) -> dict[str, str]:
-    """Preset name -> description for every ``presets/*.toml``."""
-    out = {}
-    for path in sorted(directory.glob("*.toml")):
-        try:
-            out[path.stem] = str(load_toml(path).get("description", ""))
-        except (ValueError, FileNotFoundError) as exc:
-            out[path.stem] = f"(invalid: {exc})"
-    return out
-
-
-def load_preset_file(path: Path) -> list[AttackSpec]:
-    data = load_toml(path)
-    entries = data.get("attacks")
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"battery file {str(path)!r} needs a non-empty [[attacks]] array of tables "
-                         "(each with attack = \"<registry name>\", optional name, options, grad, eot)")
-    return [AttackSpec.from_dict(e, source=str(path)) for e in entries]
-
-
-def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
-                    preset_dir: Path = PRESET_DIR) -> list[AttackSpec]:
-    """Resolve ``--attacks``: a preset name, a path to a TOML battery, or ``name,name,...`` registry names.
-
-    ``attack_opts`` ``{"key": v}`` applies to every attack, ``{"name.key": v}`` to the attack ``name``.
-    """
-    attacks = attacks.strip()
-    path = Path(attacks).expanduser()
-    if attacks.endswith(".toml") or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"battery file {attacks!r} does not exist; --attacks accepts a preset "
-                                    f"({', '.join(list_presets(preset_dir))}), a TOML file, or attack names separated by commas")
-        specs = load_preset_file(path)
-    elif (preset_dir / f"{attacks}.toml").is_file():
-        specs = load_preset_file(preset_dir / f"{attacks}.toml")
-    else:
-        specs = []
-        for name in filter(None, (s.strip() for s in attacks.split(","))):
-            if name not in ATTACKS and ":" not in name:
-                raise ValueError(f"unknown attack or preset {name!r}. Presets: {', '.join(list_presets(preset_dir))}. "
-                                 f"Attacks: {', '.join(ATTACKS.names())}.")
-            specs.append(AttackSpec(name=name, attack=name))
-        if not specs:
-            raise ValueError("--attacks is empty; give a preset name, a TOML file or attack names")
-    for key, value in (attack_opts or {}).items():
-        target, _, opt = key.rpartition(".")
-        hits = [s for s in specs if not target or s.name == target]
-        if target and not hits:
-            raise ValueError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
-        for s in hits:
-            if opt in ("grad", "eot"):
-                setattr(s, opt, value)
-            else:
-                s.options[opt] = value
-    seen: set[str] = set()
-    for s in specs:
-        if s.name in seen:
-            raise ValueError(f"attack name {s.name!r} appears twice in the battery; give each entry a unique name")
-        seen.add(s.name)
-    return specs
-
-
-# -- per-stage outcome (the diagnostics hook's input) ------------------------------------
 
 @dataclass
 class StageOutcome:
@@ -153,65 +50,6 @@ class StageOutcome:
     defense: Defense
     shard: int = 0
     seed: int = 0
-
-
-def derive_seed(run_seed: int, shard: int, stage: int, purpose: int, chunk: int = 0) -> int:
-    """A 63-bit seed that depends only on its arguments (numpy's SeedSequence hashing)."""
-    state = np.random.SeedSequence([int(run_seed) & 0xFFFFFFFF, shard, stage, purpose, chunk]).generate_state(2, np.uint32)
-    return int((int(state[0]) << 31) ^ int(state[1])) & 0x7FFFFFFFFFFFFFFF
-
-
-@contextlib.contextmanager
-def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Fork the global torch RNG (CPU and the CUDA device in use), seed it, restore it afterwards."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
-
-
-@dataclass
-class Evaluation:
-    preds: Tensor  # (N, R) int64, -1 where logits were non-finite
-    correct: Tensor  # (N, R) bool
-    finite: Tensor  # (N,) bool: finite in every repeat
-    margin: Tensor  # (N,) mean margin over repeats (NaN if non-finite)
-
-    @property
-    def correct_all(self) -> Tensor:
-        return self.correct.all(1)
-
-    @property
-    def correct_majority(self) -> Tensor:
-        return self.correct.float().mean(1) > 0.5
-
-    @property
-    def correct_frac(self) -> Tensor:
-        return self.correct.float().mean(1)
-
-
-@torch.no_grad()
-def evaluate(defense: Defense, x: Tensor, y: Tensor, repeats: int, seed: int, batch_size: int) -> Evaluation:
-    """Classify ``x`` ``repeats`` times (fresh defense randomness each time, seeded). Non-finite logits
-    count as wrong and give prediction -1."""
-    if x.shape[0] == 0:
-        empty = torch.zeros((0, repeats), dtype=torch.bool, device=x.device)
-        return Evaluation(torch.zeros((0, repeats), dtype=torch.long, device=x.device), empty, empty.all(1),
-                          torch.zeros(0, device=x.device))
-    preds, finite, margins = [], [], []
-    with seeded(seed, x.device):
-        for r in range(repeats):
-            p_r, f_r, m_r = [], [], []
-            for s in range(0, x.shape[0], batch_size):
-                out = defense.logits(x[s:s + batch_size], "full").float()
-                ok = torch.isfinite(out).all(1)
-                p_r.append(torch.where(ok, out.argmax(1), torch.full_like(ok, -1, dtype=torch.long)))
-                f_r.append(ok)
-                m_r.append(torch.where(ok, margin_fn(torch.nan_to_num(out), y[s:s + batch_size]), torch.nan))
-            preds.append(torch.cat(p_r)), finite.append(torch.cat(f_r)), margins.append(torch.cat(m_r))
-    p = torch.stack(preds, 1)
-    f = torch.stack(finite, 1)
-    return Evaluation(p, (p == y[:, None]) & f, f.all(1), torch.stack(margins, 1).mean(1))
 
 
 def _merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:

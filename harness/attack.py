@@ -12,8 +12,8 @@ from typing import Any, Callable, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from harness.registry import Registry
-from harness.target import Target
+from .registry import Registry
+from .target import Target
 
 Norm = Literal["Linf", "L2", "L1"]
 NORMS: tuple[str, ...] = ("Linf", "L2", "L1")
@@ -71,7 +71,7 @@ class Attack(ABC):
 
 def _validate_attack(obj: Any, spec: str) -> Attack:
     if not isinstance(obj, Attack):
-        raise TypeError(f"attack factory {spec!r} returned {type(obj).__name__}; expected an attacks.base.Attack subclass instance")
+        raise TypeError(f"attack factory {spec!r} returned {type(obj).__name__}; expected a harness.attack.Attack subclass instance")
     return obj
 
 

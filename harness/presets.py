@@ -1,0 +1,109 @@
+"""Battery entries and presets: an :class:`AttackSpec` per attack, read from ``presets/*.toml``,
+a user's TOML file, or attack names on the command line."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.attack import ATTACKS, Attack
+from harness.config import load_toml
+from harness.defense import GRAD_MODES
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+@dataclass
+class AttackSpec:
+    """One battery entry: a unique ``name``, the registry ``attack`` spec, its ``options``,
+    and optional per-attack gradient mode and EOT draws (``None``: the run's)."""
+    name: str
+    attack: str
+    options: dict[str, Any] = field(default_factory=dict)
+    grad: str | None = None
+    eot: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "battery") -> "AttackSpec":
+        d = dict(d)
+        if "attack" not in d and "name" not in d:
+            raise ValueError(f"{source}: an attack entry needs 'attack' (registry name) and/or 'name'; got {d}")
+        d.setdefault("attack", d.get("name"))
+        d.setdefault("name", d["attack"])
+        unknown = sorted(set(d) - {"name", "attack", "options", "grad", "eot"})
+        if unknown:
+            raise ValueError(f"{source}: attack {d['name']!r} has unknown key(s) {', '.join(unknown)}; "
+                             "accepted: name, attack, options, grad, eot")
+        if d.get("grad") is not None and d["grad"] not in GRAD_MODES:
+            raise ValueError(f"{source}: attack {d['name']!r} grad {d['grad']!r}; accepted: {', '.join(GRAD_MODES)}")
+        return cls(name=str(d["name"]), attack=str(d["attack"]), options=dict(d.get("options") or {}),
+                   grad=d.get("grad"), eot=d.get("eot"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def build(self, eps: float, norm: str) -> Attack:
+        """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own."""
+        return ATTACKS.create(self.attack, **{"eps": eps, "norm": norm, **self.options})
+
+
+def list_presets(directory: Path = PRESET_DIR) -> dict[str, str]:
+    """Preset name -> description for every ``presets/*.toml``."""
+    out = {}
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            out[path.stem] = str(load_toml(path).get("description", ""))
+        except (ValueError, FileNotFoundError) as exc:
+            out[path.stem] = f"(invalid: {exc})"
+    return out
+
+
+def load_preset_file(path: Path) -> list[AttackSpec]:
+    data = load_toml(path)
+    entries = data.get("attacks")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"battery file {str(path)!r} needs a non-empty [[attacks]] array of tables "
+                         "(each with attack = \"<registry name>\", optional name, options, grad, eot)")
+    return [AttackSpec.from_dict(e, source=str(path)) for e in entries]
+
+
+def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
+                    preset_dir: Path = PRESET_DIR) -> list[AttackSpec]:
+    """Resolve ``--attacks``: a preset name, a path to a TOML battery, or ``name,name,...`` registry names.
+
+    ``attack_opts`` ``{"key": v}`` applies to every attack, ``{"name.key": v}`` to the attack ``name``.
+    """
+    attacks = attacks.strip()
+    path = Path(attacks).expanduser()
+    if attacks.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"battery file {attacks!r} does not exist; --attacks accepts a preset "
+                                    f"({', '.join(list_presets(preset_dir))}), a TOML file, or attack names separated by commas")
+        specs = load_preset_file(path)
+    elif (preset_dir / f"{attacks}.toml").is_file():
+        specs = load_preset_file(preset_dir / f"{attacks}.toml")
+    else:
+        specs = []
+        for name in filter(None, (s.strip() for s in attacks.split(","))):
+            if name not in ATTACKS and ":" not in name:
+                raise ValueError(f"unknown attack or preset {name!r}. Presets: {', '.join(list_presets(preset_dir))}. "
+                                 f"Attacks: {', '.join(ATTACKS.names())}.")
+            specs.append(AttackSpec(name=name, attack=name))
+        if not specs:
+            raise ValueError("--attacks is empty; give a preset name, a TOML file or attack names")
+    for key, value in (attack_opts or {}).items():
+        target, _, opt = key.rpartition(".")
+        hits = [s for s in specs if not target or s.name == target]
+        if target and not hits:
+            raise ValueError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
+        for s in hits:
+            if opt in ("grad", "eot"):
+                setattr(s, opt, value)
+            else:
+                s.options[opt] = value
+    seen: set[str] = set()
+    for s in specs:
+        if s.name in seen:
+            raise ValueError(f"attack name {s.name!r} appears twice in the battery; give each entry a unique name")
+        seen.add(s.name)
+    return specs
