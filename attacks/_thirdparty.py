@@ -1,12 +1,13 @@
 """Shared plumbing for attacks that wrap third-party libraries (pyautoattack, torchattacks) or
 query the target without gradients. Not an attack itself (no registration here).
 
-- :class:`CountedModule`: ``target.as_module()`` whose *backward* passes are counted when they
-  happen (a hook on the output), not when the forward is built: FAB and DeepFool backpropagate
-  once per class through one forward, and some libraries build graphs they never differentiate.
+- Libraries get ``target.as_module()``: the target applies the resolved gradient mode and EOT and
+  counts forward and backward passes where they happen (hooks on the networks, ``harness.passes``;
+  FAB and DeepFool backpropagate once per class through one forward).
 - :func:`finalize`: project onto the threat model, evaluate once (over ``draws`` for stochastic
   defenses) and build the :class:`AttackResult` with per-sample success and margin.
-- :func:`view`: the target seen with the attack's own gradient-mode / EOT override.
+- :func:`run_apgd`: a pyautoattack APGD object with its accuracy trace.
+- :data:`LIBRARY_CAPABILITIES`: what the library adapters declare (gradients, EOT, bfloat16 autocast).
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from torch import Tensor, nn
 from harness.losses import cross_entropy, margin as margin_loss
 from harness.target import Target
 
-from harness.attack import AttackResult, Norm, project
+from harness.attack import AttackResult, Capabilities, Norm, project
+
+# gradient attacks through a library: EOT by the target, bfloat16 autocast tested (tests/test_autocast.py)
+LIBRARY_CAPABILITIES = Capabilities(uses_gradients=True, supports_eot=True, supports_autocast=True, effort_option="steps")
 
 LOG = logging.getLogger("harness.attacks")
 
@@ -40,42 +44,12 @@ def quiet_stdout(logger: logging.Logger = LOG) -> Iterator[None]:
                 logger.debug("%s", line)
 
 
-def view(target: Target, grad_mode: str | None, eot: int | None) -> Target:
-    """``target`` with this attack's gradient mode / EOT if set (shares the budget counter)."""
-    if grad_mode is None and eot is None:
-        return target
-    return target.with_options(grad_mode=grad_mode, eot=eot)  # type: ignore[arg-type]
-
-
 def default_draws(target: Target, draws: int | None) -> int:
-    """Draws per query for gradient-free evaluation: 1 on deterministic defenses, else ``draws`` (default 8)."""
+    """Draws of the attack's own final evaluation: 1 on deterministic defenses, else ``draws`` (default 8).
+    (Not EOT: the stage re-evaluates every answer itself; this only sets the attack's own verdict.)"""
     if not target.defense.stochastic:
         return 1
     return int(draws) if draws else 8
-
-
-class CountedModule(nn.Module):
-    """``target.as_module()`` with backward passes charged per backward call through the output."""
-
-    def __init__(self, target: Target) -> None:
-        super().__init__()
-        self.inner = target.as_module()
-        self.target = target
-        self.defense = target.defense  # so .eval()/.to()/parameters() reach the defense
-
-    def forward(self, x: Tensor) -> Tensor:
-        budget = self.target.budget
-        before = budget.backward
-        out = self.inner(x)
-        charged = budget.backward - before
-        if charged:
-            budget.backward -= charged  # re-charged by the hook each time a backward pass runs through `out`
-            if out.requires_grad:
-                def _charge(grad: Tensor, _b=budget, _c=charged) -> Tensor:
-                    _b.backward += _c
-                    return grad
-                out.register_hook(_charge)
-        return out
 
 
 class ProbeModule(nn.Module):
@@ -140,8 +114,13 @@ def finalize(target: Target, x: Tensor, x_adv: Tensor, y: Tensor, *, eps: float,
     return AttackResult(x_adv=x_adv, success=(m > 0) | ~finite, loss=loss, margin=m, extras=dict(extras or {}))
 
 
-def run_apgd(apgd: Any, probe: ProbeModule, attack: Any, view_target: Target, target: Target, x: Tensor,
-             y: Tensor) -> AttackResult:
+def apgd_model(target: Target) -> tuple[ProbeModule, int]:
+    """The model and ``eot_iter`` for a pyautoattack APGD object: one draw per forward pass, and upstream
+    averaging the gradients of ``target.eot`` draws per step (the EOT of AutoAttack's ``rand`` version)."""
+    return ProbeModule(target.with_options(eot=1).as_module()), target.eot
+
+
+def run_apgd(apgd: Any, probe: ProbeModule, attack: Any, target: Target, x: Tensor, y: Tensor) -> AttackResult:
     """Run a pyautoattack APGD object built on ``probe``, with its accuracy trace, upstream's prints
     routed to logging, and the result finalized under ``attack``'s threat model."""
     trace: list[float] = []
@@ -149,4 +128,4 @@ def run_apgd(apgd: Any, probe: ProbeModule, attack: Any, view_target: Target, ta
     with quiet_stdout():  # upstream prints in a few corner cases
         x_adv = apgd.perturb(x, y)
     return finalize(target, x, x_adv, y, eps=attack.eps, norm=attack.norm, draws=default_draws(target, attack.draws),
-                    extras={"acc_trace": trace, "eot": view_target.eot})
+                    extras={"acc_trace": trace})

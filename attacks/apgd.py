@@ -1,7 +1,8 @@
 """APGD (Croce & Hein, ICML 2020) through ``pyautoattack.APGDAttack``: untargeted, cross-entropy or
 DLR loss, for ℓ∞, ℓ2 and ℓ1 (the ℓ1 version uses upstream's decreasing-ε schedule, ``use_largereps``).
 
-The model is the target's module (gradient mode, batched EOT over logits, budget counting).
+The model is the target's module (resolved gradient mode, budget counting); EOT is upstream's
+``eot_iter`` (the gradients of ``target.eot`` draws averaged per step, as AutoAttack's ``rand``).
 The accuracy trace per iteration is rebuilt from the forward passes (``extras["acc_trace"]``).
 """
 from __future__ import annotations
@@ -10,10 +11,10 @@ import logging
 
 from torch import Tensor
 
+from harness.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
 from harness.target import Target
 
-from ._thirdparty import CountedModule, ProbeModule, run_apgd, view
-from harness.attack import Attack, AttackResult, Norm, register_attack
+from ._thirdparty import LIBRARY_CAPABILITIES, apgd_model, run_apgd
 
 LOSSES = ("ce", "dlr")
 
@@ -25,14 +26,14 @@ class APGD(Attack):
         eps, norm: threat model (``Linf``, ``L2``, ``L1``). loss: ``ce`` or ``dlr``.
         steps: iterations per restart. restarts: random restarts (only still-robust samples are re-run).
         rho: step-size decrease threshold. use_largereps: ℓ1 schedule 3ε→2ε→ε (default on for ℓ1).
-        eot, grad_mode: override the target's EOT draws / gradient mode. draws: final-evaluation draws.
+        draws: draws of the attack's own final evaluation on stochastic defenses.
     """
 
     name = "apgd"
+    capabilities = LIBRARY_CAPABILITIES
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", loss: str = "ce", steps: int = 100,
-                 restarts: int = 1, rho: float = 0.75, use_largereps: bool | None = None, eot: int | None = None,
-                 grad_mode: str | None = None, draws: int | None = None) -> None:
+                 restarts: int = 1, rho: float = 0.75, use_largereps: bool | None = None, draws: int | None = None) -> None:
         super().__init__(eps=eps, norm=norm)
         if loss not in LOSSES:
             raise ValueError(f"apgd: unknown loss {loss!r}; accepted: {', '.join(LOSSES)} (targeted: use 'apgd-t')")
@@ -40,17 +41,21 @@ class APGD(Attack):
             raise ValueError(f"apgd: steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
         self.loss, self.steps, self.restarts, self.rho = loss, int(steps), int(restarts), float(rho)
         self.use_largereps = (norm == "L1") if use_largereps is None else bool(use_largereps)
-        self.eot, self.grad_mode, self.draws = eot, grad_mode, draws
+        self.draws = draws
+
+    def budget(self) -> AttackBudget:
+        # upstream's initial step is 2ε, halved adaptively (checkpoints where the loss stalls)
+        return AttackBudget(iterations=self.steps, restarts=self.restarts, step_size=2 * self.eps,
+                            schedule="apgd-largereps" if self.use_largereps else "apgd", loss=self.loss)
 
     def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
         from pyautoattack.autopgd_base import APGDAttack
 
-        t = view(target, self.grad_mode, self.eot)
-        probe = ProbeModule(CountedModule(t))
+        probe, eot_iter = apgd_model(target)
         apgd = APGDAttack(probe, n_iter=self.steps, norm=self.norm, n_restarts=self.restarts, eps=self.eps, seed=seed,
-                          loss=self.loss, eot_iter=1, rho=self.rho, verbose=False, device=x.device,
+                          loss=self.loss, eot_iter=eot_iter, rho=self.rho, verbose=False, device=x.device,
                           use_largereps=self.use_largereps, logger=logging.getLogger("auto-attack"))
-        return run_apgd(apgd, probe, self, t, target, x, y)
+        return run_apgd(apgd, probe, self, target, x, y)
 
 
 @register_attack("apgd")

@@ -1,7 +1,7 @@
 """Targeted APGD on the targeted DLR loss (APGD-T; Croce & Hein, ICML 2020) through
 ``pyautoattack.APGDAttack_targeted``: one run per target class among the top-k non-true classes.
 
-The model is the target's module (gradient mode, batched EOT, budget counting).
+The model is the target's module (resolved gradient mode, budget counting); EOT as for ``apgd``.
 """
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import logging
 
 from torch import Tensor
 
+from harness.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
 from harness.target import Target
 
-from ._thirdparty import CountedModule, ProbeModule, run_apgd, view
-from harness.attack import Attack, AttackResult, Norm, register_attack
+from ._thirdparty import LIBRARY_CAPABILITIES, apgd_model, run_apgd
 
 
 class APGDTargeted(Attack):
@@ -21,33 +21,37 @@ class APGDTargeted(Attack):
     Args:
         eps, norm: threat model. steps: iterations per target class. restarts: restarts per target.
         targets: number of target classes (capped at ``num_classes - 1``; AutoAttack uses 9).
-        use_largereps: ℓ1 schedule (default on for ℓ1). eot, grad_mode, draws: as for ``apgd``.
+        use_largereps: ℓ1 schedule (default on for ℓ1). draws: as for ``apgd``.
     """
 
     name = "apgd-t"
+    capabilities = LIBRARY_CAPABILITIES
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 100, restarts: int = 1,
-                 targets: int = 9, rho: float = 0.75, use_largereps: bool | None = None, eot: int | None = None,
-                 grad_mode: str | None = None, draws: int | None = None) -> None:
+                 targets: int = 9, rho: float = 0.75, use_largereps: bool | None = None, draws: int | None = None) -> None:
         super().__init__(eps=eps, norm=norm)
         if steps < 1 or restarts < 1 or targets < 1:
             raise ValueError(f"apgd-t: steps, restarts and targets must be >= 1, got {steps}, {restarts}, {targets}")
         self.steps, self.restarts, self.targets, self.rho = int(steps), int(restarts), int(targets), float(rho)
         self.use_largereps = (norm == "L1") if use_largereps is None else bool(use_largereps)
-        self.eot, self.grad_mode, self.draws = eot, grad_mode, draws
+        self.draws = draws
+
+    def budget(self) -> AttackBudget:
+        return AttackBudget(iterations=self.steps, restarts=self.restarts, step_size=2 * self.eps,
+                            schedule="apgd-largereps" if self.use_largereps else "apgd", loss="dlr-targeted")
 
     def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
         from pyautoattack.autopgd_base import APGDAttack_targeted
 
         if target.num_classes < 4:
             raise ValueError(f"apgd-t: the targeted DLR loss needs at least 4 classes, the defense has {target.num_classes}")
-        t = view(target, self.grad_mode, self.eot)
-        probe = ProbeModule(CountedModule(t))
+        probe, eot_iter = apgd_model(target)
         apgd = APGDAttack_targeted(probe, n_iter=self.steps, norm=self.norm, n_restarts=self.restarts, eps=self.eps,
-                                   seed=seed, eot_iter=1, rho=self.rho, n_target_classes=min(self.targets, target.num_classes - 1),
-                                   verbose=False, device=x.device, use_largereps=self.use_largereps,
+                                   seed=seed, eot_iter=eot_iter, rho=self.rho,
+                                   n_target_classes=min(self.targets, target.num_classes - 1), verbose=False,
+                                   device=x.device, use_largereps=self.use_largereps,
                                    logger=logging.getLogger("auto-attack"))
-        return run_apgd(apgd, probe, self, t, target, x, y)
+        return run_apgd(apgd, probe, self, target, x, y)
 
 
 @register_attack("apgd-t")

@@ -9,8 +9,8 @@ reconstruction loss low, so that the purifier has little reason to move the adve
 
 Works against any defense whose ``auxiliary_losses(x)`` exposes a per-sample loss (``aux`` names
 which; the only one by default). ``L_cls``'s gradient flows through the target's gradient mode
-(full / bpda / surrogate) with EOT; ``L_rec``'s gradient is exact autograd averaged over the same
-number of draws.
+(full / bpda / surrogate) with EOT (``target.eot`` draws, resolved by ``harness.resolve``);
+``L_rec``'s gradient is exact autograd averaged over the same number of draws.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from torch import Tensor
 from harness.losses import get_loss, margin as margin_loss
 from harness.target import Target
 
-from harness.attack import Attack, AttackResult, Norm, project, register_attack
+from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
 
 
 @register_attack("joint-rec")
@@ -33,14 +33,14 @@ class JointRec(Attack):
         eps: ℓ∞ budget. steps, restarts, step_size (default ``2.5·eps/steps``), random_start: as PGD.
         alpha: weight α of the classification loss, in [0, 1].
         loss: classification loss ``ce`` | ``margin`` | ``dlr``. aux: auxiliary loss name (default: the only one).
-        eot: draws per gradient (default the target's).
     """
 
     name = "joint-rec"
+    capabilities = Capabilities(supports_autocast=True, effort_option="steps")
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 10, restarts: int = 1,
                  step_size: float | None = None, alpha: float = 0.5, loss: str = "ce", aux: str | None = None,
-                 eot: int | None = None, random_start: bool = True) -> None:
+                 random_start: bool = True) -> None:
         super().__init__(eps=eps, norm=norm)
         if norm != "Linf":
             raise ValueError(f"joint-rec is an ℓ∞ attack (the paper's); got norm {norm!r}, accepted: Linf")
@@ -51,7 +51,11 @@ class JointRec(Attack):
         get_loss(loss)
         self.steps, self.restarts, self.alpha, self.loss, self.aux = int(steps), int(restarts), float(alpha), loss, aux
         self.step_size = float(step_size) if step_size is not None else 2.5 * self.eps / max(self.steps, 1)
-        self.eot, self.random_start = eot, bool(random_start)
+        self.random_start = bool(random_start)
+
+    def budget(self) -> AttackBudget:
+        return AttackBudget(iterations=self.steps, restarts=self.restarts, step_size=self.step_size,
+                            schedule="constant", loss=f"joint-{self.loss}-{self.aux or 'aux'}-alpha{self.alpha:g}")
 
     def _aux_name(self, losses: dict[str, Tensor], target: Target) -> str:
         if not losses:
@@ -70,17 +74,15 @@ class JointRec(Attack):
         xi = x.detach().requires_grad_(True)
         with torch.enable_grad():
             xr = xi.repeat(draws, *([1] * (x.dim() - 1)))
-            losses = target.defense.auxiliary_losses(xr)
+            losses = target.auxiliary_losses(xr)  # passes counted by the target
             rec = losses[self._aux_name(losses, target)].view(draws, -1).mean(0)
             (g,) = torch.autograd.grad(rec.sum(), xi)
-        target.budget.forward += xr.shape[0]
-        target.budget.backward += xr.shape[0]
-        return rec.detach(), g
+        return rec.detach().float(), g.float()  # float32 bookkeeping, also under bfloat16 autocast
 
     def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
         gen = torch.Generator(device=x.device).manual_seed(seed)
         loss_fn = get_loss(self.loss)
-        draws = self.eot or target.eot
+        draws = target.eot
         lo, hi = target.bounds
         self._aux_name(target.defense.auxiliary_losses(x[:1]), target)  # fail before spending the budget
         best_x, best_obj = x.clone(), torch.full((x.shape[0],), -math.inf, device=x.device)
@@ -92,6 +94,7 @@ class JointRec(Attack):
             x_adv = (x + start).clamp(lo, hi)
             for i in range(self.steps + 1):
                 cls, g_cls, logits = target.value_and_grad(x_adv, y, loss_fn, draws)
+                cls, g_cls, logits = cls.float(), g_cls.float(), logits.float()
                 rec, g_rec = self._rec_value_and_grad(target, x_adv, draws)
                 objective = self.alpha * cls - (1 - self.alpha) * rec  # = −J, to be maximized
                 m = margin_loss(logits, y)

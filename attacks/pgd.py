@@ -1,4 +1,5 @@
-"""Projected gradient descent (Madry et al., 2018) for ℓ∞ and ℓ2, with EOT and gradient modes.
+"""Projected gradient descent (Madry et al., 2018) for ℓ∞ and ℓ2, with EOT and gradient modes
+(both the target's: ``target.eot`` draws per gradient in ``target.grad_mode``, set by ``harness.resolve``).
 
 Native rather than torchattacks.PGD because it must go through :class:`harness.target.Target`
 (gradient modes, batched EOT, budget counting), keep the best adversarial per sample across
@@ -14,7 +15,7 @@ from torch import Tensor
 from harness.losses import get_loss, margin as margin_loss
 from harness.target import Target
 
-from harness.attack import Attack, AttackResult, Norm, project, register_attack
+from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
 
 SCHEDULES = ("constant", "cosine", "step")
 
@@ -28,15 +29,16 @@ class PGD(Attack):
         steps: iterations per restart. restarts: independent random starts; the best is kept.
         step_size: initial step (default ``2.5 * eps / steps``, Madry et al.).
         schedule: ``constant``, ``cosine`` (anneal to 0) or ``step`` (halve at 50% and 75%).
-        loss: ``ce``, ``margin`` or ``dlr``. eot: gradient draws per step (overrides the target's).
+        loss: ``ce``, ``margin`` or ``dlr``.
         random_start: start uniformly in the ball (ℓ∞) or on a random direction (ℓ2).
     """
 
     name = "pgd"
+    capabilities = Capabilities(supports_autocast=True, effort_option="steps")
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 10, restarts: int = 1,
                  step_size: float | None = None, schedule: str = "constant", loss: str = "ce",
-                 eot: int | None = None, random_start: bool = True) -> None:
+                 random_start: bool = True) -> None:
         super().__init__(eps=eps, norm=norm)
         if norm == "L1":
             raise ValueError("PGD supports norm 'Linf' or 'L2'; use an AutoAttack APGD-L1 attack for ℓ1")
@@ -47,8 +49,11 @@ class PGD(Attack):
         get_loss(loss)  # validate early
         self.steps, self.restarts, self.schedule, self.loss = int(steps), int(restarts), schedule, loss
         self.step_size = float(step_size) if step_size is not None else 2.5 * self.eps / max(self.steps, 1)
-        self.eot = eot
         self.random_start = bool(random_start)
+
+    def budget(self) -> AttackBudget:
+        return AttackBudget(iterations=self.steps, restarts=self.restarts, step_size=self.step_size,
+                            schedule=self.schedule, loss=self.loss)
 
     def _alpha(self, i: int) -> float:
         if self.schedule == "cosine":
@@ -82,7 +87,8 @@ class PGD(Attack):
             x_adv = (x + self._start(x, gen)).clamp(lo, hi)
             for i in range(self.steps + 1):
                 # the last iterate is only scored: no backward pass for it
-                loss, grad, logits = target.value_and_grad(x_adv, y, loss_fn, self.eot, with_grad=i < self.steps)
+                loss, grad, logits = target.value_and_grad(x_adv, y, loss_fn, with_grad=i < self.steps)
+                loss, logits = loss.float(), logits.float()  # float32 bookkeeping, also under bfloat16 autocast
                 m = margin_loss(logits, y)
                 # keep the most adversarial point seen: misclassified first, then highest loss
                 improved = (m > 0) & (best_margin <= 0) | ((m > 0) == (best_margin > 0)) & (loss > best_loss)
@@ -91,7 +97,7 @@ class PGD(Attack):
                 acc_trace.append((best_margin <= 0).float().mean().item())
                 if i == self.steps:
                     break
-                step = self._alpha(i) * self._ascent(torch.nan_to_num(grad))
+                step = self._alpha(i) * self._ascent(torch.nan_to_num(grad.float()))
                 x_adv = (x + project(x_adv + step - x, self.norm, self.eps)).clamp(lo, hi).detach()
         return AttackResult(x_adv=best_x, success=best_margin > 0, loss=best_loss, margin=best_margin,
                             extras={"acc_trace": acc_trace})

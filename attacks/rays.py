@@ -4,8 +4,9 @@ Written here because neither pyautoattack nor torchattacks ships it. RayS keeps,
 sign vector ``s`` and the smallest radius ``r`` at which ``clip(x + r·s)`` is misclassified. It flips
 the signs of ever smaller blocks of coordinates (hierarchical search: 1 block, 2, 4, ...); a flip
 is kept when the new direction is adversarial at the current radius, after which a binary search
-shrinks the radius. It uses only predicted labels, so it is immune to gradient masking; on
-stochastic defenses each query takes the majority over ``draws`` draws (mean softmax).
+shrinks the radius. It uses only predicted labels, so it is immune to gradient masking; each query
+takes the label of the mean softmax over ``target.eot`` draws (EOT, resolved by ``harness.resolve``:
+8 on stochastic defenses by default, 1 otherwise).
 
 This is a batched re-implementation: all samples advance through the same block schedule in
 lock step; each sample has its own query counter and stops once ``r <= eps`` or its queries run out.
@@ -19,8 +20,9 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import default_draws, finalize
-from harness.attack import Attack, AttackResult, Norm, register_attack
+from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+
+from ._thirdparty import finalize
 
 
 class RayS(Attack):
@@ -28,24 +30,27 @@ class RayS(Attack):
 
     Args:
         eps: ℓ∞ budget (early stop per sample once reached). queries: query budget per sample.
-        tol: binary-search tolerance on the ℓ∞ radius. draws: draws per query on stochastic defenses.
+        tol: binary-search tolerance on the ℓ∞ radius. Each query is scored over ``target.eot`` draws.
     """
 
     name = "rays"
-    uses_gradients = False
+    capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries")
 
-    def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", queries: int = 1000, tol: float = 1e-3,
-                 draws: int | None = None) -> None:
+    def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", queries: int = 1000, tol: float = 1e-3) -> None:
         super().__init__(eps=eps, norm=norm)
         if norm != "Linf":
             raise ValueError(f"rays: RayS is an ℓ∞ attack; norm must be 'Linf', got {norm!r}")
         if queries < 1 or tol <= 0:
             raise ValueError(f"rays: queries must be >= 1 and tol > 0, got queries={queries}, tol={tol}")
-        self.queries, self.tol, self.draws = int(queries), float(tol), draws
+        self.queries, self.tol = int(queries), float(tol)
+
+    def budget(self) -> AttackBudget:
+        return AttackBudget(iterations=0, restarts=1, schedule="rays-hierarchical", loss="hard-label",
+                            queries=self.queries)
 
     def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
         lo, hi = target.bounds
-        draws = default_draws(target, self.draws)
+        draws = target.eot
         n, dim = x.shape[0], x[0].numel()
         used = torch.zeros(n, dtype=torch.long, device=x.device)
         trace: list[float] = []
@@ -92,7 +97,7 @@ class RayS(Attack):
         x_adv = (x + torch.where(torch.isfinite(radius), radius, torch.zeros_like(radius)).view(-1, *([1] * (x.dim() - 1)))
                  * sign.view_as(x)).clamp(lo, hi)
         return finalize(target, x, x_adv, y, eps=self.eps, norm="Linf", draws=draws,
-                        extras={"acc_trace": trace, "queries": used.float().mean().item(), "draws": draws, "eot": draws})
+                        extras={"acc_trace": trace, "queries": used.float().mean().item()})
 
     def _shrink(self, adversarial, idx: Tensor, s: Tensor, radius: Tensor, low: Tensor) -> None:
         """Binary search each sample's radius in ``[low, radius]`` down to ``tol`` (adversarial at the upper end)."""

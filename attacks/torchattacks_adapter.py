@@ -2,9 +2,10 @@
 
 Spec forms: ``torchattack`` with option ``cls="CW"`` (plus the class's own options), or the
 registered alias ``torchattacks:<ClassName>`` for every class in ``torchattacks.__all__``.
-The model handed over is the target's module, so gradient modes, EOT (logits averaged over
-draws) and budget counting apply. ``eps``/``norm`` describe the threat model the result is
-clipped to and recorded under; ``eps`` is also passed to the class when it takes one.
+The model handed over is the target's module, so the resolved gradient mode, EOT (logits averaged
+over ``target.eot`` draws) and budget counting apply. ``eps``/``norm`` describe the threat model the
+result is clipped to and recorded under; ``eps`` is also passed to the class when it takes one.
+bfloat16 autocast is declared only for the classes tested under it (:data:`AUTOCAST_CLASSES`).
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from torch import Tensor
 
 from harness.target import Target
 
-from ._thirdparty import CountedModule, default_draws, finalize, quiet_stdout, view
-from harness.attack import ATTACKS, Attack, AttackResult, Norm, register_attack
+from harness.attack import ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+
+from ._thirdparty import default_draws, finalize, quiet_stdout
 
 # torchattacks 3.5.1's ``__all__`` minus the wrappers (MultiAttack, LGV take attacks, not a model).
 # Listed statically so registering the aliases does not import torchattacks (~1.5 s); checked at use.
@@ -25,6 +27,8 @@ CLASSES = ("VANILA", "GN", "FGSM", "BIM", "RFGSM", "PGD", "EOTPGD", "FFGSM", "TP
            "DIFGSM", "TIFGSM", "Jitter", "NIFGSM", "PGDRS", "SINIFGSM", "VMIFGSM", "VNIFGSM", "SPSA", "JSMA", "EADL1",
            "EADEN", "PIFGSM", "PIFGSMPP", "CW", "PGDL2", "DeepFool", "PGDRSL2", "SparseFool", "OnePixel", "Pixle",
            "FAB", "AutoAttack", "Square")
+# the classes run under bfloat16 autocast in tests/test_autocast.py; the others are refused with --autocast bf16
+AUTOCAST_CLASSES = frozenset({"CW", "DeepFool", "PGD", "PGDL2", "FGSM"})
 
 
 def _classes() -> list[str]:
@@ -38,15 +42,14 @@ class TorchAttack(Attack):
     Args:
         cls: class name in ``torchattacks`` (e.g. ``"CW"``, ``"DeepFool"``, ``"PGDL2"``).
         eps, norm: threat model for clipping and records (``eps=inf`` for unbounded minimum-norm attacks).
-        grad_mode, eot: override the target's gradient mode / EOT draws.
         draws: draws for the final evaluation on stochastic defenses.
         **options: keyword options of the class (validated against its signature).
     """
 
     name = "torchattack"
 
-    def __init__(self, *, cls: str, eps: float = 8 / 255, norm: Norm = "Linf", grad_mode: str | None = None,
-                 eot: int | None = None, draws: int | None = None, **options: Any) -> None:
+    def __init__(self, *, cls: str, eps: float = 8 / 255, norm: Norm = "Linf", draws: int | None = None,
+                 **options: Any) -> None:
         super().__init__(eps=eps, norm=norm)
         import torchattacks
         names = _classes()
@@ -60,23 +63,34 @@ class TorchAttack(Attack):
             raise ValueError(f"torchattack {cls}: unknown option(s) {unknown}; accepted: {', '.join(accepted)}")
         if "eps" in params and math.isfinite(self.eps):
             options.setdefault("eps", self.eps)
-        self.cls, self.grad_mode, self.eot, self.draws = cls, grad_mode, eot, draws
+        self.cls, self.draws = cls, draws
         self._options = options
-        for k, v in options.items():  # recorded in config() (plain values only)
-            if not hasattr(self, k):
-                setattr(self, k, v)
+        # the class's defaults, overridden by the given options: what the budget declares
+        self._settings = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+        self._settings.update(options)
+        self.capabilities = Capabilities(supports_autocast=cls in AUTOCAST_CLASSES,
+                                         effort_option="steps" if "steps" in params else None)
 
     def config(self) -> dict[str, Any]:
         cfg = super().config()
         cfg.update({k: v for k, v in self._options.items() if isinstance(v, (int, float, str, bool))})
         return cfg
 
+    def budget(self) -> AttackBudget:
+        # torchattacks' option names: steps, n_restarts, alpha (step) or lr (C&W's Adam), n_queries
+        def get(key: str, default: float) -> float:
+            v = self._settings.get(key)
+            return v if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+        return AttackBudget(iterations=int(get("steps", 1)), restarts=int(get("n_restarts", 1)),
+                            step_size=float(get("alpha", get("lr", 0.0))), loss=f"torchattacks.{self.cls}",
+                            queries=int(get("n_queries", 0)))
+
     def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
         import torch
         import torchattacks
 
-        t = view(target, self.grad_mode, self.eot)
-        model = CountedModule(t).eval()
+        model = target.as_module().eval()
         with quiet_stdout():
             atk = getattr(torchattacks, self.cls)(model, **self._options)
             atk.set_device(x.device)

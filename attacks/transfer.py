@@ -4,7 +4,9 @@ Default surrogate: the defense's own classifier without its purifier (the "undef
 classifier"), attacked with PGD; the attack never differentiates through the purifier, so
 it is immune to gradient masking in the purifier. A user may instead name another defense spec
 (``surrogate="bit-depth"`` with ``surrogate_opts``). Surrogate passes are charged to the same
-budget, so runs stay comparable at equal cost.
+budget, so runs stay comparable at equal cost. It uses no gradients of the defense and no EOT
+(its capabilities say so, and the record states gradient mode ``none`` and EOT 1); its budget
+columns are the inner attack's.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from torch import Tensor
 from harness.defense import Defense, create_defense
 from harness.target import Target
 
+from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, create_attack, register_attack
+
 from ._thirdparty import default_draws, finalize
-from harness.attack import Attack, AttackResult, Norm, create_attack, register_attack
 
 
 class Transfer(Attack):
@@ -29,7 +32,6 @@ class Transfer(Attack):
     """
 
     name = "transfer"
-    uses_gradients = False  # no gradient of the defense itself is used
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", surrogate: str = "classifier",
                  surrogate_opts: dict[str, Any] | None = None, inner: str = "pgd", steps: int = 50, restarts: int = 1,
@@ -39,6 +41,12 @@ class Transfer(Attack):
         self.surrogate_opts = dict(surrogate_opts or {})
         self.draws = draws
         self._inner = create_attack(inner, eps=eps, norm=norm, steps=self.steps, restarts=self.restarts, loss=loss, **inner_opts)
+        # no gradient of the defense itself is used, and the surrogate is attacked with one draw
+        self.capabilities = Capabilities(uses_gradients=False, supports_eot=False, effort_option="steps",
+                                         supports_autocast=self._inner.capabilities.supports_autocast)
+
+    def budget(self) -> AttackBudget:
+        return self._inner.budget()
 
     def _surrogate(self, defense: Defense) -> Defense:
         if self.surrogate == "classifier":

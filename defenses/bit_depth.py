@@ -29,5 +29,6 @@ class BitDepthReduction(nn.Module):
 @register_defense("bit-depth")
 def bit_depth(bits: int = 4, **classifier_options: Any) -> Defense:
     """Round each pixel to ``bits`` bits, then classify."""
-    model, num_classes = classifier_from_options(**classifier_options)
-    return Defense(model, BitDepthReduction(bits), num_classes=num_classes, name=f"bit-depth-{bits}")
+    c = classifier_from_options(**classifier_options)
+    return Defense(c.model, BitDepthReduction(bits), num_classes=c.num_classes, name=f"bit-depth-{bits}",
+                   trained_on=c.trained_on)

@@ -30,5 +30,6 @@ class GaussianNoise(nn.Module):
 @register_defense("gaussian-noise")
 def gaussian_noise(sigma: float = 0.05, **classifier_options: Any) -> Defense:
     """Add N(0, sigma²) noise to the input, clip to [0, 1], then classify."""
-    model, num_classes = classifier_from_options(**classifier_options)
-    return Defense(model, GaussianNoise(sigma), num_classes=num_classes, stochastic=True, name=f"gaussian-noise-{sigma:g}")
+    c = classifier_from_options(**classifier_options)
+    return Defense(c.model, GaussianNoise(sigma), num_classes=c.num_classes, stochastic=True,
+                   name=f"gaussian-noise-{sigma:g}", trained_on=c.trained_on)

@@ -1,23 +1,29 @@
 """``none``: the classifier alone, the baseline every defense is compared against."""
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from torch import nn
-
 from harness.defense import Defense, register_defense
-from harness.models import PYAUTOATTACK_RESNET18, load_classifier
+from harness.errors import UsageError
+from harness.models import PYAUTOATTACK_RESNET18, Classifier, classifier as load
 
 
-def classifier_from_options(classifier: str = PYAUTOATTACK_RESNET18, arch: str = "cifar-resnet18", num_classes: int = 10,
-                            dataset: str = "cifar10", unsafe_load: bool = False) -> tuple[nn.Module, int]:
-    """The classifier options every built-in defense accepts: ``classifier`` is ``autoattack-resnet18``,
-    ``robustbench:<name>`` or a checkpoint path (with ``arch``); returns the model and its class count."""
-    return load_classifier(classifier, arch=arch, num_classes=num_classes, dataset=dataset, unsafe_load=unsafe_load), num_classes
+def classifier_from_options(**options: Any) -> Classifier:
+    """The classifier options every built-in defense accepts (see :func:`harness.models.classifier`):
+    ``classifier`` is ``autoattack-resnet18``, ``robustbench:<name>`` or a checkpoint path (with ``arch``);
+    ``dataset`` is what it was trained on, ``threat_model`` the RobustBench leaderboard, ``num_classes``, ``unsafe_load``."""
+    accepted = ["classifier", *list(inspect.signature(load).parameters)[1:]]  # option `classifier` is the source
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise UsageError(f"unknown defense option(s) {', '.join(unknown)}; the classifier options are "
+                         f"{', '.join(accepted)} (besides the defense's own, see `harness list defenses`)")
+    options = dict(options)
+    return load(options.pop("classifier", PYAUTOATTACK_RESNET18), **options)
 
 
 @register_defense("none")
 def undefended(**classifier_options: Any) -> Defense:
     """No purifier; see :func:`classifier_from_options` for the options."""
-    model, num_classes = classifier_from_options(**classifier_options)
-    return Defense(model, None, num_classes=num_classes, name="none")
+    c = classifier_from_options(**classifier_options)
+    return Defense(c.model, None, num_classes=c.num_classes, name="none", trained_on=c.trained_on)

@@ -8,15 +8,21 @@ import dataclasses
 import hashlib
 import json
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 import tomli_w
+
+from harness.data import DATASETS
+from harness.defense import GRAD_MODES
+from harness.errors import ConfigError, MissingInputError
+from harness.schema import NO_RULE, Rule, problem
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "batch_size", "quiet", "out", "run_id", "data_root", "download", "escalations")
@@ -34,11 +40,11 @@ class RunConfig:
     seed: int = 0
     eps: float = 8 / 255
     norm: str = "Linf"
-    grad: str = "full"
-    eot: int = 1
+    grad: str | None = None  # None: not given (harness.resolve decides per attack; default full)
+    eot: int | None = None  # None: not given (harness.resolve: 1 deterministic, the attack's default if stochastic)
     eval_repeats: int | None = None  # None: 10 for stochastic defenses, 1 otherwise
     every_attack: bool = False
-    attacks: str = "standard"
+    attacks: str | None = None  # None: not given (prepare() picks rand for stochastic defenses, else standard)
     attack_opts: dict[str, Any] = field(default_factory=dict)
     battery: list[dict[str, Any]] = field(default_factory=list)
     escalate: bool = True
@@ -51,6 +57,9 @@ class RunConfig:
     out: str = "runs"
     run_id: str | None = None
     quiet: bool = False
+
+    def __post_init__(self) -> None:
+        check_values(vars(self), source="RunConfig")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -65,6 +74,61 @@ class RunConfig:
 
 
 FIELD_NAMES = {f.name for f in dataclasses.fields(RunConfig)}
+
+# The schema: each field's type is its RunConfig annotation; ranges and accepted strings are declared here.
+RULES: dict[str, Rule] = {
+    "eps": Rule(low=0),
+    "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.seeding keeps the run seed's low 32 bits
+    "n": Rule(low=1, choices=("all",)),
+    "eot": Rule(low=1), "eval_repeats": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
+    "norm": Rule(choices=("Linf", "L2", "L1")),
+    "grad": Rule(choices=GRAD_MODES),
+    "dataset": Rule(choices=tuple(DATASETS)),
+    "autocast": Rule(choices=("none", "bf16")),
+}
+# command-line flags whose name is not --<key with dashes>
+FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate"}
+
+
+def _schema() -> dict[str, tuple[Any, Rule, Any]]:
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: (hints[f.name], RULES.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
+
+
+def check_values(values: Mapping[str, Any], *, source: str | None) -> None:
+    """Raise :class:`ConfigError` naming every value that does not fit the schema.
+
+    ``source`` names where the values came from (a file: ``run.toml: key 'eps' must be ...``);
+    ``None`` means command-line flags (``--eps must be ...``). ``None`` values mean "default" where
+    the field's default is ``None``.
+    """
+    schema, problems = _schema(), []
+    for key, value in values.items():
+        if key not in schema:
+            continue
+        hint, rule, default = schema[key]
+        if value is None and default is None:
+            continue
+        msg = problem(value, hint, rule)
+        if msg:
+            name = FLAGS.get(key, f"--{key.replace('_', '-')}") if source is None else f"{source}: key {key!r}"
+            problems.append(f"{name} {msg}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def config_warnings(cfg: RunConfig, trained_on: str | None = None) -> list[str]:
+    """Settings that are valid but almost certainly not meant: a budget covering the whole input
+    range, or a classifier trained on another dataset (``trained_on``) than the run evaluates."""
+    out = []
+    if cfg.norm == "Linf" and cfg.eps >= 1:
+        hint = f"; did you mean {cfg.eps:g}/255?" if cfg.eps <= 255 else ""
+        out.append(f"eps = {cfg.eps:g} under Linf is not below the width of the input range [0, 1]: the ball holds "
+                   f"every image, so the robust accuracy measures nothing{hint}")
+    if trained_on is not None and trained_on != cfg.dataset:
+        out.append(f"the classifier was trained on {trained_on} but the run evaluates it on {cfg.dataset} (the class "
+                   f"counts match, so nothing else stops this); pick --dataset {trained_on} or a {cfg.dataset} classifier")
+    return out
 
 
 def parse_literal(text: str) -> Any:
@@ -81,19 +145,22 @@ def parse_key_values(items: list[str] | None, flag: str) -> dict[str, Any]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{flag} expects key=value (value a TOML literal, e.g. sigma=0.1 or name=\"x\"), got {item!r}")
+            raise ConfigError(f"{flag} expects key=value (value a TOML literal, e.g. sigma=0.1 or name=\"x\"), got {item!r}")
         out[key.strip()] = parse_literal(value.strip())
     return out
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
+def load_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """Parse a TOML file; a missing, unreadable or malformed file raises naming it (``what`` says which file)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        raise MissingInputError(f"{what} {str(path)!r} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not a text (UTF-8) file, so not TOML: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from exc
 
 
 def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunConfig:
@@ -105,12 +172,13 @@ def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunC
     if isinstance(data.get("defense"), dict):
         table = dict(data.pop("defense"))
         if "name" not in table:
-            raise ValueError(f"{source}: the [defense] table needs a 'name' key")
+            raise ConfigError(f"{source}: the [defense] table needs a 'name' key")
         data["defense"] = table.pop("name")
         data["defense_opts"] = {**table, **data.get("defense_opts", {})}
     unknown = sorted(set(data) - FIELD_NAMES)
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(sorted(FIELD_NAMES))}")
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(sorted(FIELD_NAMES))}")
+    check_values(data, source=source)
     return RunConfig(**data)
 
 
@@ -121,7 +189,8 @@ def merge(base: RunConfig, overrides: dict[str, Any]) -> RunConfig:
         if value is None:
             continue
         if key not in FIELD_NAMES:
-            raise ValueError(f"unknown config key {key!r}")
+            raise ConfigError(f"unknown config key {key!r}; accepted: {', '.join(sorted(FIELD_NAMES))}")
+        check_values({key: value}, source=None)
         if isinstance(value, dict) and isinstance(values.get(key), dict):
             values[key] = {**values[key], **value}
         else:
@@ -144,11 +213,8 @@ def dumps(cfg: RunConfig) -> str:
 
 def write_config(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config as TOML (atomically)."""
-    import os
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dumps(cfg))
-    os.replace(tmp, path)
+    from harness import atomic
+    atomic.write_text(path, dumps(cfg))
 
 
 def read_config(path: str | Path) -> RunConfig:

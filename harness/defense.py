@@ -13,11 +13,12 @@ purifier (the gradient mode), so every attack works on every defense:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from .checks import check_purified
 from .registry import Registry
 
 GradMode = Literal["full", "bpda", "surrogate"]
@@ -27,6 +28,22 @@ GRAD_MODES: tuple[str, ...] = ("full", "bpda", "surrogate")
 def straight_through(forward_value: Tensor, backward_path: Tensor) -> Tensor:
     """Value of ``forward_value``, gradient of ``backward_path``."""
     return backward_path + (forward_value - backward_path).detach()
+
+
+class _Scripted(nn.Module):
+    """A TorchScript module behind a plain module, so its passes can be counted (hooks need an ``nn.Module``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(*args, **kwargs)
+
+
+def _hookable(module: nn.Module) -> nn.Module:
+    """The classifier as stored: TorchScript modules are wrapped so their passes can be counted."""
+    return _Scripted(module) if isinstance(module, torch.jit.ScriptModule) else module
 
 
 class Defense(nn.Module):
@@ -41,15 +58,19 @@ class Defense(nn.Module):
             random transforms); the harness then uses EOT and repeated evaluation.
         surrogate: optional differentiable approximation of the purifier used in
             the backward pass under ``grad_mode="surrogate"``.
-        forward_cost: network evaluations per forward pass (e.g. purification
-            steps + 1); used for budget accounting.
+        purifier_networks: the purifier's networks whose passes are counted (budget accounting,
+            ``harness.passes``); default: the purifier's direct child modules that have parameters
+            (e.g. the MAE inside AMRM-Pure), else the purifier itself.
         name: human-readable name recorded in results.
+        trained_on: the dataset the classifier was trained on, if known; a run on another
+            dataset is warned about (a matching class count is all the harness can check otherwise).
     """
 
     def __init__(self, classifier: nn.Module, purifier: nn.Module | None = None, *, num_classes: int = 10,
                  bounds: tuple[float, float] = (0.0, 1.0), stochastic: bool = False,
-                 surrogate: Callable[[Tensor], Tensor] | None = None, forward_cost: int = 1,
-                 name: str = "defense") -> None:
+                 surrogate: Callable[[Tensor], Tensor] | None = None,
+                 purifier_networks: Sequence[nn.Module] | None = None, name: str = "defense",
+                 trained_on: str | None = None) -> None:
         super().__init__()
         if not isinstance(classifier, nn.Module):
             raise TypeError(f"classifier must be a torch.nn.Module returning logits, got {type(classifier).__name__}")
@@ -57,36 +78,59 @@ class Defense(nn.Module):
             raise TypeError(f"purifier must be a torch.nn.Module (or None), got {type(purifier).__name__}")
         if bounds[0] >= bounds[1]:
             raise ValueError(f"bounds must be (low, high) with low < high, got {bounds}")
-        self.classifier = classifier
+        self.classifier = _hookable(classifier)
         self.purifier = purifier
         self.num_classes = int(num_classes)
         self.bounds = (float(bounds[0]), float(bounds[1]))
         self.stochastic = bool(stochastic)
         self.surrogate = surrogate
-        self.forward_cost = int(forward_cost)
+        if purifier_networks is not None and not all(isinstance(m, nn.Module) and not isinstance(m, torch.jit.ScriptModule)
+                                                     for m in purifier_networks):
+            raise TypeError("purifier_networks must be a sequence of torch.nn.Module (the purifier's networks to count; "
+                            "TorchScript modules cannot be hooked: list the plain module that calls them)")
+        self._purifier_networks = None if purifier_networks is None else list(purifier_networks)
         self.name = name
+        self.trained_on = trained_on
+
+    def networks(self) -> list[tuple[str, nn.Module]]:
+        """``(role, module)`` pairs whose passes the harness counts: the classifier, then the purifier's
+        networks (``purifier_networks``, default its direct children with parameters, else the purifier
+        itself; a purifier that is not an ``nn.Module``, or is a TorchScript module, is not counted).
+        Each module appears once."""
+        pur = self.purifier
+        if self._purifier_networks is not None:
+            nets = self._purifier_networks
+        elif isinstance(pur, nn.Module):
+            nets = [m for m in pur.children() if next(m.parameters(), None) is not None] or [pur]
+            if any(isinstance(m, torch.jit.ScriptModule) for m in nets):  # not hookable: count the purifier's calls
+                nets = [] if isinstance(pur, torch.jit.ScriptModule) else [pur]
+        else:
+            nets = []
+        out, seen = [("classifier", self.classifier)], {id(self.classifier)}
+        for m in nets:
+            if id(m) not in seen:
+                seen.add(id(m))
+                out.append(("purifier", m))
+        return out
 
     def purify(self, x: Tensor, grad_mode: GradMode = "full") -> Tensor:
-        """Apply the purifier with gradients flowing as ``grad_mode`` says."""
+        """Apply the purifier with gradients flowing as ``grad_mode`` says (its output must keep the input's shape)."""
         if self.purifier is None:
             return x
-        if grad_mode == "full":
-            return self.purifier(x)
-        if grad_mode == "bpda":
-            with torch.no_grad():
-                z = self.purifier(x)
-            return straight_through(z, x)
-        if grad_mode == "surrogate":
-            own = getattr(self.purifier, "forward_surrogate", None)
-            if callable(own):
-                return own(x)
-            if self.surrogate is None:
-                raise ValueError(f"defense {self.name!r} offers no surrogate gradient; use grad mode 'full' or 'bpda', "
-                                 "or pass Defense(surrogate=...) / give the purifier a forward_surrogate method")
-            with torch.no_grad():
-                z = self.purifier(x)
-            return straight_through(z, self.surrogate(x))
-        raise ValueError(f"unknown gradient mode {grad_mode!r}; accepted: {', '.join(GRAD_MODES)}")
+        if grad_mode not in GRAD_MODES:
+            raise ValueError(f"unknown gradient mode {grad_mode!r}; accepted: {', '.join(GRAD_MODES)}")
+        own = getattr(self.purifier, "forward_surrogate", None) if grad_mode == "surrogate" else None
+        if grad_mode == "surrogate" and not callable(own) and self.surrogate is None:
+            raise ValueError(f"defense {self.name!r} offers no surrogate gradient; use grad mode 'full' or 'bpda', "
+                             "or pass Defense(surrogate=...) / give the purifier a forward_surrogate method")
+        if grad_mode == "full" or callable(own):
+            z = self.purifier(x) if grad_mode == "full" else own(x)
+            check_purified(self, x, z)
+            return z
+        with torch.no_grad():
+            z = self.purifier(x)
+        check_purified(self, x, z)
+        return straight_through(z, x if grad_mode == "bpda" else self.surrogate(x))
 
     def logits(self, x: Tensor, grad_mode: GradMode = "full") -> Tensor:
         """Logits of the defended model, differentiable as ``grad_mode`` says."""
@@ -112,7 +156,8 @@ class Defense(nn.Module):
         return {"name": self.name, "num_classes": self.num_classes, "bounds": list(self.bounds),
                 "stochastic": self.stochastic, "purifier": type(self.purifier).__name__ if self.purifier is not None else None,
                 "classifier": type(self.classifier).__name__, "has_surrogate": self.has_surrogate,
-                "forward_cost": self.forward_cost}
+                "purifier_networks": [type(m).__name__ for role, m in self.networks() if role == "purifier"],
+                "trained_on": self.trained_on}
 
 
 def _validate_defense(obj: Any, spec: str) -> Defense:

@@ -16,7 +16,8 @@ et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pin
 - ``identity-jacobian``: the purifier's exact Jacobian is identity-like (``harness.gradcheck``);
 - ``noise-beats-attack``: random noise of the same norm breaks samples the attack failed on;
 - ``probability-logits``: the outputs look like probabilities, not logits;
-- ``non-finite-logits``: some adversarial inputs give NaN/inf logits (counted as not robust).
+- ``non-finite-logits``: some adversarial inputs give NaN/inf logits (counted as not robust);
+- ``threat-model-violation``: the attack returned inputs outside the ε-ball or the bounds (projected back).
 
 Checks that need extra passes run on at most ``PROBE`` failed samples, inside a forked RNG seeded
 from the stage's seed, so they are cheap and a resumed run raises the same flags.
@@ -31,11 +32,14 @@ import torch
 from torch import Tensor
 
 from harness import escalation
+from harness.flags import FlagCode
 from harness.gradcheck import gradient_health, identity_like, jacobian_alignment
 from harness.losses import cross_entropy, margin
 from harness.target import Target
+from harness.threat import project_ball
 
 PROBE = 8  # samples used by the checks that spend extra passes
+EOT_PROBE = 32  # samples whose mean gradient cosine decides eot-disagree (per-sample cosines vary widely)
 NOISE_SAMPLES = 64  # samples (and 4 draws each) for the random-noise check
 FALLING_WINDOW = 0.1  # last share of the accuracy trace inspected
 FALLING_MIN_DROP = 0.01  # accuracy drop (fraction of attempted samples) that counts as "still falling"
@@ -51,7 +55,7 @@ SEED_OFFSET = 0x5EED
 class Flag:
     """One diagnostic finding on one stage: ``code``, the stage's ``attack`` name, a ``message``,
     a one-line ``remedy``, the measured ``value`` and the battery entries that ``escalate`` it."""
-    code: str
+    code: FlagCode
     attack: str
     message: str
     remedy: str
@@ -74,8 +78,8 @@ def after_stage(outcome: Any) -> list[Flag]:
             if flag is not None:
                 specs = escalation.rules(flag.code, spec=outcome.spec, attack=outcome.attack,
                                          has_purifier=ctx.defense.purifier is not None, grad_mode=ctx.grad_mode,
-                                         stochastic=ctx.defense.stochastic, has_aux=ctx.has_aux, eot=ctx.eot,
-                                         value=flag.value)
+                                         stochastic=ctx.defense.stochastic, has_aux=ctx.has_aux,
+                                         has_surrogate=ctx.defense.has_surrogate, eot=ctx.eot, value=flag.value)
                 flag.escalate = escalation.buildable(specs, outcome.attack.eps, outcome.attack.norm)
                 flags.append(flag)
     return flags
@@ -86,13 +90,11 @@ class _Context:
 
     def __init__(self, o: Any) -> None:
         self.o, self.defense, self.attack, self.name = o, o.defense, o.attack, o.attack_name
-        extras = o.result.extras or {}
-        # what the attack actually used (chunked results hold one value per chunk)
-        self.grad_mode = str(_first(extras.get("grad_mode")) or getattr(o.attack, "grad_mode", None) or o.target.grad_mode)
-        self.eot = int(_first(extras.get("eot")) or getattr(o.attack, "eot", None) or o.target.eot or 1)
+        # what the attack ran with: its target carries the resolved gradient mode and EOT (harness.resolve)
+        self.grad_mode, self.eot = str(o.target.grad_mode), int(o.target.eot)
         attempted = o.robust_before.nonzero().squeeze(1)
         self.failed = o.robust_after[attempted]  # over the attempted samples (rows of o.x)
-        self.uses_gradients = bool(getattr(o.attack, "uses_gradients", True))
+        self.uses_gradients = bool(o.attack.capabilities.uses_gradients)
         self.has_aux = _has_aux(o.defense, o.x[:1])
         self.draws = 8 if o.defense.stochastic else 1
 
@@ -103,10 +105,6 @@ class _Context:
 
     def target(self, eot: int | None = None) -> Target:
         return Target(self.defense, self.grad_mode, eot or 1)  # separate budget: diagnostics are not the attack's cost
-
-
-def _first(value: Any) -> Any:
-    return (value[0] if value else None) if isinstance(value, list) else value
 
 
 def _has_aux(defense: Any, x: Tensor) -> bool:
@@ -125,7 +123,7 @@ def check_acc_trace(c: _Context) -> Flag | None:
     drop = float(start) - float(trace[-1])
     n = max(int(c.o.robust_before.sum()), 1)
     if drop >= max(FALLING_MIN_DROP, 0.999 / n):
-        return Flag("acc-still-falling", c.name, f"accuracy still fell by {drop:.1%} over the last "
+        return Flag(FlagCode.ACC_STILL_FALLING, c.name, f"accuracy still fell by {drop:.1%} over the last "
                     f"{FALLING_WINDOW:.0%} of {c.name}'s iterations", "run more iterations (or queries) until the "
                     "accuracy trace is flat", drop)
     return None
@@ -141,7 +139,7 @@ def check_probability_logits(c: _Context) -> Flag | None:
         return None
     alpha = 1e-5
     if out.max() < 1 + alpha and out.min() > -alpha and ((out.sum(-1) - 1).abs() < alpha).all():
-        return Flag("probability-logits", c.name, "the defense's outputs are probabilities (in [0, 1], rows sum to 1), "
+        return Flag(FlagCode.PROBABILITY_LOGITS, c.name, "the defense's outputs are probabilities (in [0, 1], rows sum to 1), "
                     "not logits", "return logits (drop the final softmax); cross-entropy on probabilities has vanishing "
                     "gradients", 1.0)
     return None
@@ -150,9 +148,21 @@ def check_probability_logits(c: _Context) -> Flag | None:
 def check_nonfinite(c: _Context) -> Flag | None:
     bad = int((~c.o.finite).sum())
     if bad:
-        return Flag("non-finite-logits", c.name, f"{bad} adversarial input(s) gave NaN/inf logits (counted as not robust)",
+        return Flag(FlagCode.NON_FINITE_LOGITS, c.name, f"{bad} adversarial input(s) gave NaN/inf logits (counted as not robust)",
                     "fix the defense's numerics; NaN/inf outputs are never counted robust", float(bad))
     return None
+
+
+def check_threat_model(c: _Context) -> Flag | None:
+    """The attack returned inputs outside the threat model (the stage projected them back before evaluating)."""
+    projected, violation, threat = (getattr(c.o, k, None) for k in ("projected", "violation", "threat"))
+    if projected is None or not bool(projected.any()):
+        return None
+    worst = float(violation[projected].max())
+    return Flag(FlagCode.THREAT_MODEL_VIOLATION, c.name, f"{int(projected.sum())} adversarial input(s) lay outside the threat "
+                f"model ({threat.norm} ball of radius {threat.eps:.4g} within bounds {threat.bounds}); worst violation "
+                f"{worst:.3g}; the harness projected them back before evaluating", "fix the attack: it must return inputs "
+                "inside the eps-ball and the input bounds", worst)
 
 
 def check_gradients(c: _Context) -> Flag | None:
@@ -166,7 +176,7 @@ def check_gradients(c: _Context) -> Flag | None:
     _, g_ce, _ = t.value_and_grad(xa, y, cross_entropy)
     health = gradient_health(g_ce)
     if health["nonfinite_frac"] >= ZERO_GRAD_SHARE:
-        return Flag("nonfinite-grad", c.name, f"{health['nonfinite_frac']:.0%} of the failed samples have NaN/inf input "
+        return Flag(FlagCode.NONFINITE_GRAD, c.name, f"{health['nonfinite_frac']:.0%} of the failed samples have NaN/inf input "
                     f"gradients ({c.grad_mode} mode)", "use BPDA or a surrogate gradient through the purifier, or fix "
                     "the defense's numerics", health["nonfinite_frac"])
     if health["zero_frac"] < ZERO_GRAD_SHARE:
@@ -174,10 +184,10 @@ def check_gradients(c: _Context) -> Flag | None:
     _, g_m, _ = t.value_and_grad(xa, y, margin)
     zero_m = gradient_health(g_m)["zero_frac"]
     if zero_m < ZERO_GRAD_SHARE:
-        return Flag("ce-vanishing", c.name, f"cross-entropy input gradients are zero on {health['zero_frac']:.0%} of the "
+        return Flag(FlagCode.CE_VANISHING, c.name, f"cross-entropy input gradients are zero on {health['zero_frac']:.0%} of the "
                     "failed samples but the margin loss has gradients (saturated softmax, e.g. scaled logits)",
                     "use a margin or DLR loss (APGD-DLR)", health["zero_frac"])
-    return Flag("zero-grad", c.name, f"input gradients are zero on {zero_m:.0%} of the failed samples ({c.grad_mode} mode)",
+    return Flag(FlagCode.ZERO_GRAD, c.name, f"input gradients are zero on {zero_m:.0%} of the failed samples ({c.grad_mode} mode)",
                 "gradients are masked: use BPDA (identity backward) or a surrogate gradient, plus gradient-free attacks",
                 zero_m)
 
@@ -193,7 +203,7 @@ def check_loss_flat(c: _Context) -> Flag | None:
     after = cross_entropy(torch.nan_to_num(t.predict(xa, c.draws)), y)
     share = (after <= before + 1e-6).float().mean().item()
     if share >= LOSS_FLAT_SHARE:
-        return Flag("loss-flat", c.name, f"the loss did not increase on {share:.0%} of the samples {c.name} failed on",
+        return Flag(FlagCode.LOSS_FLAT, c.name, f"the loss did not increase on {share:.0%} of the samples {c.name} failed on",
                     "the attack did not make progress: check gradients, step size and loss (try a margin/DLR loss)", share)
     return None
 
@@ -201,7 +211,7 @@ def check_loss_flat(c: _Context) -> Flag | None:
 def check_eot(c: _Context) -> Flag | None:
     if not (c.uses_gradients and c.defense.stochastic):
         return None
-    x, y, xa = c.probe()
+    x, y, xa = c.probe(EOT_PROBE)
     if x.shape[0] == 0:
         return None
     t = c.target(c.eot)
@@ -210,7 +220,7 @@ def check_eot(c: _Context) -> Flag | None:
     cos = torch.nn.functional.cosine_similarity(g1, g2, dim=1, eps=1e-30)
     value = torch.nan_to_num(cos, nan=0.0).mean().item()
     if value < EOT_MIN_COSINE:
-        return Flag("eot-disagree", c.name, f"two independent EOT-{c.eot} gradient estimates have mean cosine "
+        return Flag(FlagCode.EOT_DISAGREE, c.name, f"two independent EOT-{c.eot} gradient estimates have mean cosine "
                     f"{value:.2f}", "use more EOT draws per gradient", value)
     return None
 
@@ -228,10 +238,31 @@ def check_identity_jacobian(c: _Context) -> Flag | None:
         return None
     align = jacobian_alignment(c.defense, xa, grad_mode="full", probes=2, seed=0)
     if identity_like(align):
-        return Flag("identity-jacobian", c.name, f"the purifier's exact Jacobian is identity-like (alignment {align:.3f}): "
+        return Flag(FlagCode.IDENTITY_JACOBIAN, c.name, f"the purifier's exact Jacobian is identity-like (alignment {align:.3f}): "
                     "the full gradient ignores the purification", "use BPDA+EOT or a surrogate gradient, and attack the "
                     "purifier's own objective (joint-rec)", align)
     return None
+
+
+def _sanity_pgd(t: Target, x: Tensor, y: Tensor, norm: str, eps: float) -> Tensor:
+    """PGD-``SANITY_STEPS`` on cross-entropy from ``x`` itself (no random start), step ``eps / 8``; returns
+    per sample the first misclassified iterate, else the highest-loss one."""
+    lo, hi = t.bounds
+    shape = (-1, *([1] * (x.dim() - 1)))
+    best, best_loss = x.clone(), torch.full((x.shape[0],), -math.inf, device=x.device)
+    hit = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    x_adv = x.clone()
+    for i in range(SANITY_STEPS + 1):
+        loss, grad, logits = t.value_and_grad(x_adv, y, cross_entropy, with_grad=i < SANITY_STEPS)
+        loss, wrong = loss.float(), margin(logits.float(), y) > 0
+        take = ~hit & (wrong | (loss > best_loss))
+        best[take], best_loss[take], hit = x_adv[take], loss[take], hit | wrong
+        if i == SANITY_STEPS:
+            break
+        g = torch.nan_to_num(grad.float())
+        step = g.sign() if norm == "Linf" else g / g.flatten(1).norm(dim=1).clamp_min(1e-12).view(shape)
+        x_adv = (x + project_ball(x_adv + eps / 8 * step - x, norm, eps)).clamp(lo, hi).detach()  # type: ignore[arg-type]
+    return best
 
 
 def check_large_eps(c: _Context) -> Flag | None:
@@ -241,17 +272,14 @@ def check_large_eps(c: _Context) -> Flag | None:
     x, y, _ = c.probe()
     if x.shape[0] == 0:
         return None
-    from attacks.pgd import PGD
     lo, hi = c.defense.bounds
     norm = "L2" if c.attack.norm == "L2" else "Linf"
     eps = (hi - lo) * (math.sqrt(x[0].numel()) if norm == "L2" else 1.0)
-    pgd = PGD(eps=eps, norm=norm, steps=SANITY_STEPS, step_size=eps / 8, loss="ce", random_start=False,
-              eot=min(c.eot, 8) if c.defense.stochastic else 1)
-    res = pgd(c.target(), x, y, seed=0)
-    logits = c.target().predict(res.x_adv, c.draws)
+    x_adv = _sanity_pgd(c.target(min(c.eot, 8) if c.defense.stochastic else 1), x, y, norm, eps)
+    logits = c.target().predict(x_adv, c.draws)
     acc = ((logits.argmax(1) == y) & torch.isfinite(logits).all(1)).float().mean().item()
     if acc > MASKING_MAX_ACC:
-        return Flag("masking-large-eps", c.name, f"unbounded PGD-{SANITY_STEPS} ({norm}, eps={eps:.3g}) leaves {acc:.0%} "
+        return Flag(FlagCode.MASKING_LARGE_EPS, c.name, f"unbounded PGD-{SANITY_STEPS} ({norm}, eps={eps:.3g}) leaves {acc:.0%} "
                     f"of {x.shape[0]} failed samples robust ({c.grad_mode} gradients): gradient masking",
                     "gradients are masked: use BPDA+EOT, a surrogate gradient, a margin loss or gradient-free attacks", acc)
     return None
@@ -264,7 +292,7 @@ def check_blackbox(c: _Context) -> Flag | None:
     broken = attempted - int(c.o.robust_after.sum())
     if broken >= max(1, math.ceil(0.01 * attempted)):
         share = broken / max(attempted, 1)
-        return Flag("blackbox-beats-whitebox", c.name, f"{c.name} (gradient-free/transfer) broke {broken} of {attempted} "
+        return Flag(FlagCode.BLACKBOX_BEATS_WHITEBOX, c.name, f"{c.name} (gradient-free/transfer) broke {broken} of {attempted} "
                     "samples the earlier attacks left robust", "the white-box attacks are failing (masked gradients): "
                     "use BPDA+EOT, a surrogate gradient or a margin loss", share)
     return None
@@ -292,11 +320,11 @@ def check_noise(c: _Context) -> Flag | None:
         broken |= (logits.argmax(1) != y) | ~torch.isfinite(logits).all(1)
     n = int((broken & failed).sum())
     if n and n / x.shape[0] >= (0.1 if c.defense.stochastic else 0.0):
-        return Flag("noise-beats-attack", c.name, f"random {c.attack.norm} noise of norm {eps:.3g} broke {n} of "
+        return Flag(FlagCode.NOISE_BEATS_ATTACK, c.name, f"random {c.attack.norm} noise of norm {eps:.3g} broke {n} of "
                     f"{x.shape[0]} samples {c.name} failed on", "the attack is not working (masking or bad step size): "
                     "add gradient-free attacks (Square, RayS) and check gradients", n / x.shape[0])
     return None
 
 
-CHECKS = (check_acc_trace, check_probability_logits, check_nonfinite, check_gradients, check_loss_flat, check_eot,
+CHECKS = (check_acc_trace, check_probability_logits, check_nonfinite, check_threat_model, check_gradients, check_loss_flat, check_eot,
           check_identity_jacobian, check_large_eps, check_blackbox, check_noise)

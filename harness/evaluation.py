@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from harness.checks import check_logits
+from harness.criteria import Criterion, stage_score, still_attackable
 from harness.defense import Defense
 from harness.losses import margin as margin_fn
 from harness.seeding import seeded
@@ -18,17 +20,28 @@ class Evaluation:
     finite: Tensor  # (N,) bool: finite in every repeat
     margin: Tensor  # (N,) mean margin over repeats (NaN if non-finite)
 
+    def score(self, criterion: str | Criterion) -> Tensor:
+        """Per-sample score under ``criterion`` (:mod:`harness.criteria`), float64 on this device."""
+        s = stage_score(self.correct.cpu().numpy(), criterion, self.finite.cpu().numpy())
+        return torch.from_numpy(s).to(self.correct.device)
+
     @property
     def correct_all(self) -> Tensor:
-        return self.correct.all(1)
+        return self.score(Criterion.ALL) > 0
 
     @property
     def correct_majority(self) -> Tensor:
-        return self.correct.float().mean(1) > 0.5
+        return self.score(Criterion.MAJORITY) > 0
 
     @property
     def correct_frac(self) -> Tensor:
-        return self.correct.float().mean(1)
+        return self.score(Criterion.MEAN)
+
+    @property
+    def attackable(self) -> Tensor:
+        """The cascade attacks these samples further: any draw still correct (:func:`still_attackable`)."""
+        mask = still_attackable(self.correct.cpu().numpy(), self.finite.cpu().numpy())
+        return torch.from_numpy(mask).to(self.correct.device)
 
 
 @torch.no_grad()
@@ -44,7 +57,10 @@ def evaluate(defense: Defense, x: Tensor, y: Tensor, repeats: int, seed: int, ba
         for r in range(repeats):
             p_r, f_r, m_r = [], [], []
             for s in range(0, x.shape[0], batch_size):
-                out = defense.logits(x[s:s + batch_size], "full").float()
+                xb = x[s:s + batch_size]
+                out = defense.logits(xb, "full")
+                check_logits(defense, xb, out)
+                out = out.float()
                 ok = torch.isfinite(out).all(1)
                 p_r.append(torch.where(ok, out.argmax(1), torch.full_like(ok, -1, dtype=torch.long)))
                 f_r.append(ok)

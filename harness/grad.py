@@ -141,9 +141,11 @@ def unroll(step: StepFn, x0: Tensor, num_steps: int, *, method: Method = "checkp
         segment: steps per checkpointed segment (``checkpoint`` only); 1 keeps only the states.
         seed: base seed of the per-step generators; ``None`` draws one from the global RNG, so the
             unroll is as random as the caller's RNG while its recomputation stays exact.
-        params: for ``recompute``, tensors (or modules, meaning their parameters) the step closes
-            over and that need gradients (e.g. the anchor ``x0`` of a projection, or model
-            weights when fine-tuning through the loop). Ignored by the other methods.
+        params: tensors (or modules, meaning their parameters) the step closes over and that need
+            gradients (e.g. the anchor ``x0`` of a projection, or model weights when fine-tuning
+            through the loop). ``recompute`` differentiates exactly these; ``naive``/``checkpoint``
+            follow the closure, and use ``params`` to know that gradients are wanted even when ``x0``
+            needs none, so all three methods return the same gradients.
     """
     if method not in METHODS:
         raise ValueError(f"unknown unroll method {method!r}; accepted: {', '.join(METHODS)}")
@@ -155,6 +157,12 @@ def unroll(step: StepFn, x0: Tensor, num_steps: int, *, method: Method = "checkp
     needs_graph = torch.is_grad_enabled() and (x0.requires_grad or any(p.requires_grad for p in flat))
     if num_steps == 0:
         return x0
+    if needs_graph and not x0.requires_grad and method != "recompute":
+        # Only parameters need gradients. Steps build their inner gradient differentiably only when the
+        # state is part of an outer graph (``input_grad``), so give the state one: an internal leaf whose
+        # own gradient nobody reads. Without it naive/checkpoint would drop the parameters' gradients
+        # that flow through the inner gradient, which recompute keeps.
+        x0 = x0.detach().requires_grad_(True)
     if method == "naive" or not torch.is_grad_enabled():
         return _run(step, x0, 0, num_steps, seed)
     if method == "recompute":

@@ -1,5 +1,7 @@
 """Battery entries and presets: an :class:`AttackSpec` per attack, read from ``presets/*.toml``,
-a user's TOML file, or attack names on the command line."""
+a user's TOML file, or attack names on the command line. When the user names no battery, the
+default is ``rand`` (AutoAttack's configuration for randomized defenses: APGD-CE and APGD-DLR with
+EOT) for a stochastic defense and ``standard`` otherwise (:func:`default_preset`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -9,14 +11,16 @@ from typing import Any
 from harness.attack import ATTACKS, Attack
 from harness.config import load_toml
 from harness.defense import GRAD_MODES
+from harness.resolve import RESOLVER_OPTIONS
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 
 @dataclass
 class AttackSpec:
-    """One battery entry: a unique ``name``, the registry ``attack`` spec, its ``options``,
-    and optional per-attack gradient mode and EOT draws (``None``: the run's)."""
+    """One battery entry: a unique ``name``, the registry ``attack`` spec, its ``options``, and the
+    entry's gradient mode and EOT draws (``None``: not set). ``options`` may hold ``grad``/``eot`` too
+    (per-attack options, which outrank the run's flags); ``harness.resolve`` decides which applies."""
     name: str
     attack: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -43,8 +47,15 @@ class AttackSpec:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     def build(self, eps: float, norm: str) -> Attack:
-        """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own."""
-        return ATTACKS.create(self.attack, **{"eps": eps, "norm": norm, **self.options})
+        """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own. The
+        ``grad``/``eot`` options are the resolver's (``harness.resolve``), not the attack's."""
+        options = {k: v for k, v in self.options.items() if k not in RESOLVER_OPTIONS}
+        return ATTACKS.create(self.attack, **{"eps": eps, "norm": norm, **options})
+
+
+def default_preset(stochastic: bool) -> str:
+    """The battery used when none is named: ``rand`` for a stochastic defense, else ``standard``."""
+    return "rand" if stochastic else "standard"
 
 
 def list_presets(directory: Path = PRESET_DIR) -> dict[str, str]:
@@ -71,7 +82,8 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
                     preset_dir: Path = PRESET_DIR) -> list[AttackSpec]:
     """Resolve ``--attacks``: a preset name, a path to a TOML battery, or ``name,name,...`` registry names.
 
-    ``attack_opts`` ``{"key": v}`` applies to every attack, ``{"name.key": v}`` to the attack ``name``.
+    ``attack_opts`` ``{"key": v}`` applies to every attack, ``{"name.key": v}`` to the attack ``name``
+    (``grad``/``eot`` included: they become per-attack options, see ``harness.resolve``).
     """
     attacks = attacks.strip()
     path = Path(attacks).expanduser()
@@ -97,10 +109,7 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
         if target and not hits:
             raise ValueError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
         for s in hits:
-            if opt in ("grad", "eot"):
-                setattr(s, opt, value)
-            else:
-                s.options[opt] = value
+            s.options[opt] = value
     seen: set[str] = set()
     for s in specs:
         if s.name in seen:

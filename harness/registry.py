@@ -10,16 +10,19 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import importlib.util
+import inspect
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
+from harness.errors import UsageError, one_line, user_frame
+
 T = TypeVar("T")
 Factory = Callable[..., Any]
 
 
-class RegistryError(LookupError):
+class RegistryError(UsageError, LookupError):
     """A name, plugin path or factory could not be resolved; the message says what is accepted."""
 
 
@@ -45,9 +48,12 @@ def load_object(spec: str, *, kind: str = "object") -> Any:
         sys.modules[mod_name] = module
         try:
             module_spec.loader.exec_module(module)
-        except Exception as exc:  # surface the user's own error with the file named
+        except Exception as exc:  # surface the user's own error with the file and line named
             sys.modules.pop(mod_name, None)
-            raise RegistryError(f"importing {kind} file {str(path)!r} failed: {type(exc).__name__}: {exc}") from exc
+            frame = user_frame(exc)
+            where = f"{frame.filename}:{frame.lineno}" if frame is not None else str(path)
+            raise RegistryError(f"importing {kind} file {str(path)!r} failed at {where}: "
+                                f"{type(exc).__name__}: {one_line(exc)}") from exc
         where = f"file {str(path)!r}"
     else:
         try:
@@ -132,9 +138,18 @@ class Registry(Generic[T]):
         """Build the object named by ``spec`` with keyword ``options`` and validate it."""
         factory = self.get(spec)
         try:
-            obj = factory(**options)
-        except TypeError as exc:
-            raise RegistryError(f"{self.kind} {spec!r} rejected options {sorted(options)}: {exc}") from exc
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):  # no introspectable signature: let the call decide
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(**options)
+            except TypeError as exc:  # only a mismatch of the options themselves; errors inside the factory propagate
+                accepted = [p.name for p in signature.parameters.values()
+                            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+                raise RegistryError(f"{self.kind} {spec!r} rejected options {sorted(options)}: {exc}; it accepts: "
+                                    f"{', '.join(accepted) or '(no options)'}") from None
+        obj = factory(**options)
         if self._validate is not None:
             obj = self._validate(obj, spec)
         return obj

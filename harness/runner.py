@@ -8,22 +8,26 @@ only on the stored records' seeds, a resumed run escalates exactly like an unint
 """
 from __future__ import annotations
 
-import logging
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
-from harness import diagnostics
-from harness.presets import AttackSpec, resolve_battery
+from harness import checks, diagnostics
+from harness.presets import AttackSpec, default_preset, resolve_battery
+from harness.flags import FlagCode
+from harness.resolve import check_battery, describe
 from harness.stage import StageOutcome, clean_stage, run_stage
-from harness.config import RunConfig
+from harness.config import RunConfig, check_values, config_warnings
+from harness.criteria import attackable_rows
 from harness.data import TestSet, load_test_set, select_indices
 from harness.defense import Defense, create_defense
-from harness.progress import bars_enabled, get_logger, progress_bar
-from harness.store import COLUMNS, RunStore, make_run_id
+from harness import fingerprint
+from harness.progress import StageLog, bars_enabled, get_logger, progress_bar
+from harness.store import COLUMNS, Plan, RunStore, completeness, make_run_id, validate_run_id
 
 log = get_logger("runner")
 
@@ -41,73 +45,86 @@ def resolve_device(name: str) -> torch.device:
 
 def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, Defense, TestSet, list[int]]:
     """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats)."""
-    if cfg.shard_size < 1 or cfg.batch_size < 1:
-        raise ValueError(f"--shard-size and --batch-size must be >= 1, got {cfg.shard_size}, {cfg.batch_size}")
-    if cfg.eot < 1:
-        raise ValueError(f"--eot must be >= 1, got {cfg.eot}")
+    check_values(vars(cfg), source=None)  # the config schema again: fields may have been set after construction
     if defense is None:
         defense = create_defense(cfg.defense, **cfg.defense_opts)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
     if defense.num_classes != data.num_classes:
         raise ValueError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
                          f"{data.num_classes}; pick a matching --dataset or classifier")
+    for warning in config_warnings(cfg, defense.trained_on):
+        log.warning(warning)
     indices = select_indices(len(data), cfg.n, cfg.seed)
     if cfg.eval_repeats is None:
         cfg.eval_repeats = 10 if defense.stochastic else 1
-    if cfg.eval_repeats < 1:
-        raise ValueError(f"--eval-repeats must be >= 1, got {cfg.eval_repeats}")
+    if cfg.attacks is None:  # no battery named: AutoAttack's advice, EOT (rand) for randomized defenses
+        cfg.attacks = default_preset(defense.stochastic)
+        log.info("no --attacks given: using the %r battery for this %s defense", cfg.attacks,
+                 "stochastic" if defense.stochastic else "deterministic")
     if not cfg.battery:
         cfg.battery = [s.to_dict() for s in resolve_battery(cfg.attacks, cfg.attack_opts)]
-    for spec in cfg.battery:  # build once now so a bad option fails before any work
-        AttackSpec.from_dict(spec).build(cfg.eps, cfg.norm)
+    # build and resolve every entry now so a bad option fails before any work; log what each will run with
+    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps,
+                                        norm=cfg.norm, run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast):
+        log.info("%s", describe(name, resolved))
     return cfg, defense, data, indices
 
 
-def run(cfg: RunConfig, defense: Defense | None = None) -> Path:
-    """Run (or resume) the evaluation described by ``cfg``; returns the run directory."""
+def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False) -> Path:
+    """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
+
+    A resume whose defense source or weights, data, package versions or harness commit differ from
+    the stored fingerprint is refused unless ``force_resume`` (then recorded in provenance). Several
+    processes may run the same command at once: each computes the shards no other process holds
+    (per-shard locks), then waits for the others' shards, so every shard is computed exactly once.
+    """
+    run_id = validate_run_id(cfg.run_id) if cfg.run_id else None
     cfg, defense, data, indices = prepare(cfg, defense)
     device = resolve_device(cfg.device)
+    plan = Plan.split(indices, cfg.shard_size)
+    selected = np.asarray(indices, dtype=np.int64)
+    fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
     defense = defense.to(device).eval()
-    run_id = cfg.run_id or make_run_id(cfg)
-    store = RunStore(Path(cfg.out) / run_id)
-    resuming = store.open(cfg)
-    started = store.started() if resuming else None
-    started = started or store.now()
-    prov = dict(device=str(device), defense=defense.describe(), data_source=data.source, indices=indices)
-    store.write_provenance(cfg, started=started, **prov)
+    checks.first_batch(defense, data.get(indices[:cfg.batch_size], device)[0], seed=cfg.seed)  # before any work
+    store = RunStore(Path(cfg.out) / (run_id or make_run_id(cfg)))
+    with store.run_lock():
+        resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
+                              info=dict(device=str(device), defense=defense.describe(), data_source=data.source))
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
-    shards = [indices[i:i + cfg.shard_size] for i in range(0, len(indices), cfg.shard_size)]
-    ctx = _Context(cfg, defense, data, store, device, len(indices))
+    shards = plan.shards()
+    ctx = _Context(cfg, defense, data, store, device, len(indices), len(shards))
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
     for b in base:
         ctx.bar(b.name)
-    try:
-        for s, idx in enumerate(shards):  # phase A
-            if store.shard_stages(s) is None:
-                ctx.run_shard(s, idx, base, first_stage=1, prior=None)
-            else:
-                ctx.skip(s, len(idx), [b.name for b in base])
+    try:  # phase A: the configured battery on every shard
+        ctx.each_shard(shards, "attacks", [b.name for b in base], done=lambda s: store.shard_stages(s) is not None,
+                       work=lambda s, idx: ctx.run_shard(s, idx, base, first_stage=1, prior=None))
         escalations = collect_escalations(store, len(shards), base) if cfg.escalate else []
         cfg.escalations = [e.to_dict() for e in escalations]
-        store.write_config(cfg)
-        if escalations:
+        with store.run_lock():
+            store.write_config(cfg)
+        if escalations:  # phase B: escalation stages on every shard's still-robust samples
             log.info("escalating with %s", ", ".join(e.name for e in escalations))
             for e in escalations:
                 ctx.bar(e.name)
             names = ["clean"] + [b.name for b in base] + [e.name for e in escalations]
-            for s, idx in enumerate(shards):  # phase B
-                done = store.shard_stages(s)
-                if done == names:
-                    ctx.skip(s, len(idx), [e.name for e in escalations])
-                    continue
+
+            def escalate(s: int, idx: list[int]) -> None:
                 prior = store.read_shard(s)
                 prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
                 ctx.run_shard(s, idx, escalations, first_stage=len(base) + 1, prior=prior)
+
+            ctx.each_shard(shards, "escalation", [e.name for e in escalations],
+                           done=lambda s: store.shard_stages(s) == names, work=escalate)
     finally:
         ctx.close()
-    store.write_diagnostics(run_flags(store, len(shards), cfg.escalations))
-    store.write_provenance(cfg, started=started, finished=store.now(), **prov)
+    with store.run_lock():
+        missing = completeness(store.dir).missing_shards
+        if missing:  # e.g. a shard file deleted while the run was going on
+            raise RuntimeError(f"run {str(store.dir)!r}: shards {missing} are missing or incomplete at the end of the "
+                               "run (deleted meanwhile?); run the same command again to recompute them")
+        store.finish(run_flags(store, len(shards), cfg.escalations))
     return store.dir
 
 
@@ -151,7 +168,7 @@ def _flag_dict(flag: Any, outcome: StageOutcome) -> dict[str, Any]:
         spec = spec.to_dict() if isinstance(spec, AttackSpec) else AttackSpec.from_dict(spec).to_dict()
         escalate.append(spec)
     value = get("value")
-    return {"code": str(get("code", "")), "attack": str(get("attack", outcome.attack_name) or outcome.attack_name),
+    return {"code": FlagCode(get("code")).value, "attack": str(get("attack", outcome.attack_name) or outcome.attack_name),
             "message": str(get("message", "")), "remedy": str(get("remedy", "")),
             "value": float(value) if isinstance(value, (int, float, np.floating)) else value,
             "escalate": escalate, "shard": outcome.shard, "stage": outcome.stage}
@@ -160,9 +177,12 @@ def _flag_dict(flag: Any, outcome: StageOutcome) -> dict[str, Any]:
 class _Context:
     """State shared by the shards of one run: defense, data, store and one progress bar per attack."""
 
-    def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int) -> None:
+    def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
+                 n_shards: int) -> None:
         self.cfg, self.defense, self.data, self.store, self.device, self.n = cfg, defense, data, store, device, n
+        self.n_shards = n_shards
         self.bars: dict[str, Any] = {}
+        self.progress = StageLog(log, enabled=not cfg.quiet and not bars_enabled(cfg.quiet))  # lines instead of bars
 
     def bar(self, name: str) -> Any:
         if not bars_enabled(self.cfg.quiet):
@@ -171,9 +191,37 @@ class _Context:
             self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars))
         return self.bars[name]
 
+    def each_shard(self, shards: list[list[int]], phase: str, names: list[str], *, done: Callable[[int], bool],
+                   work: Callable[[int, list[int]], None]) -> None:
+        """Run ``work`` on every shard not ``done``: first the shards no other process holds, then (waiting for
+        their locks) the ones another process was computing, which are then done or left unfinished by it."""
+        self.progress.start_phase(phase, self.n * len(names))
+        waiting = [s for s, idx in enumerate(shards) if not self._take(s, idx, names, done, work, blocking=False)]
+        for s in waiting:
+            if not self._take(s, shards[s], names, done, work, blocking=False):
+                log.info("%s: shard %d/%d is being computed by another process; waiting for it", phase, s + 1,
+                         len(shards))
+                self._take(s, shards[s], names, done, work, blocking=True)
+
+    def _take(self, shard: int, indices: list[int], names: list[str], done: Callable[[int], bool],
+              work: Callable[[int, list[int]], None], *, blocking: bool) -> bool:
+        """Compute one shard under its lock unless done; False when another process holds the lock."""
+        if done(shard):
+            self.skip(shard, len(indices), names)
+            return True
+        with self.store.shard_lock(shard, blocking=blocking) as held:
+            if not held:
+                return False
+            if done(shard):  # finished by another process since the first check
+                self.skip(shard, len(indices), names)
+            else:
+                work(shard, indices)
+        return True
+
     def skip(self, shard: int, size: int, names: list[str]) -> None:
         for name in names:
             self.bar(name).update(size)
+        self.progress.skipped(size * len(names))
         log.debug("shard %d already finished; skipped", shard)
 
     def close(self) -> None:
@@ -191,7 +239,7 @@ class _Context:
                                    batch_size=cfg.batch_size)
             frames.append(self._frame(cols, indices, y, shard, 0, "clean"))
             side["stages"].append("clean")
-            robust = ev.correct_majority.clone()
+            robust = ev.attackable.clone()
         else:
             old, done = self.store.read_side(shard), int(prior.stage.max())
             names = list(prior.drop_duplicates("stage").sort_values("stage").attack)
@@ -200,7 +248,7 @@ class _Context:
                     "diagnostics": [f for f in old["diagnostics"] if f.get("stage", 0) <= done]}
             frames.append(prior[COLUMNS])
             last = prior[prior.stage == prior.stage.max()].set_index("index").loc[indices]
-            robust = torch.tensor((last.attempted & last.correct_majority).to_numpy(bool), device=self.device)
+            robust = torch.tensor(attackable_rows(last), device=self.device)
             adv = self.store.read_adversarials(shard) if cfg.save_adversarials else None
         if cfg.save_adversarials and adv is None:
             adv = {"index": torch.as_tensor(indices), "x_adv": {}}
@@ -208,6 +256,8 @@ class _Context:
             stage = first_stage + k
             before = robust if not cfg.every_attack else torch.ones_like(robust)
             attack = spec.build(cfg.eps, cfg.norm)
+            self.progress.stage_start(shard=shard, n_shards=self.n_shards, stage=spec.name, attempted=int(before.sum()))
+            t0 = time.monotonic()
             outcome, cols, _ = run_stage(stage, spec, attack, self.defense, x, y, before, grad=cfg.grad, eot=cfg.eot,
                                          repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
                                          batch_size=cfg.batch_size, autocast=cfg.autocast)
@@ -223,8 +273,9 @@ class _Context:
                 full[before] = outcome.x_adv
                 adv["x_adv"][spec.name] = full.cpu()
             self.bar(spec.name).update(len(indices))
-            log.log(logging.DEBUG if self.bars else logging.INFO, "shard %d, %s: %d attempted, %d robust after",
-                    shard, spec.name, int(before.sum()), int(outcome.robust_after.sum()))
+            self.progress.stage_done(shard=shard, n_shards=self.n_shards, stage=spec.name, size=len(indices),
+                                     attempted=int(before.sum()), robust=int(outcome.robust_after.sum()),
+                                     seconds=time.monotonic() - t0)
         self.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, adv)
 
     @staticmethod

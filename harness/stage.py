@@ -11,6 +11,7 @@ exactly and nothing leaks into the global RNG.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +20,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.attack import Attack, AttackResult, perturbation_norms
+from harness.attack import Attack, AttackBudget, AttackResult, perturbation_norms
 from harness.defense import Defense
 from harness.evaluation import Evaluation, evaluate
+from harness.passes import Budget, counting
 from harness.presets import AttackSpec
+from harness.resolve import Resolved, resolve
 from harness.seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, derive_seed, seeded
-from harness.target import Budget, Target
+from harness.target import Target
+from harness.threat import ThreatModel, check_data_in_bounds
 
 
 @dataclass
@@ -34,6 +38,9 @@ class StageOutcome:
     ``x``, ``y``, ``x_adv`` and ``result`` cover only the *attempted* samples
     (``x_shard[robust_before]``); ``robust_before``/``robust_after``/``finite`` are masks over
     the whole shard (``finite``: logits finite in every evaluation repeat at ``x_adv``).
+    ``x_adv`` is what was evaluated: the attack's answer projected into ``threat``, or a witness
+    of a non-finite output. ``projected``/``violation`` (attempted samples) say which answers lay
+    outside the threat model and by how much; ``nonfinite_query`` which samples had a witness.
     """
     stage: int
     attack_name: str
@@ -50,6 +57,10 @@ class StageOutcome:
     defense: Defense
     shard: int = 0
     seed: int = 0
+    threat: ThreatModel | None = None
+    projected: Tensor | None = None
+    violation: Tensor | None = None
+    nonfinite_query: Tensor | None = None
 
 
 def _merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:
@@ -73,56 +84,61 @@ def _merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:
                         cat([p.loss for p in parts]), cat([p.margin for p in parts]), extras)
 
 
-def _used_grad_mode(extras: dict[str, Any] | None) -> str | None:
-    used = (extras or {}).get("grad_mode")
-    used = used[0] if isinstance(used, list) and used else used
-    return used if isinstance(used, str) else None
-
-
-def _budget_columns(attack: Attack, target: Target, extras: dict[str, Any] | None = None) -> dict[str, Any]:
-    opts = {**attack.config(), **vars(attack)}
-    for key in ("eot",):  # what the attack actually used (e.g. EOT only on stochastic defenses) beats its option
-        used = (extras or {}).get(key)
-        used = max(used) if isinstance(used, list) and used and all(isinstance(u, int) for u in used) else used
-        if isinstance(used, int) and not isinstance(used, bool):
-            opts[key] = used
-    first = lambda *names, default=0: next((opts[n] for n in names if isinstance(opts.get(n), (int, float)) and not isinstance(opts.get(n), bool)), default)  # noqa: E731
-    return {"eps": float(attack.eps), "norm": str(attack.norm), "iterations": int(first("steps", "n_iter", "iterations", "max_iter")),
-            "restarts": int(first("restarts", "n_restarts", default=1)), "eot": int(first("eot", default=0) or target.eot),
-            "grad_mode": str(_used_grad_mode(extras) or target.grad_mode), "queries": int(first("n_queries", "queries")),
-            "noise_samples": int(first("noise_samples"))}
+def _budget_columns(attack: Attack | None, resolved: Resolved | None) -> dict[str, Any]:
+    """The record columns of what a stage's attack spent and ran with: its threat model, its declared
+    :class:`harness.attack.AttackBudget`, and the resolved gradient mode and EOT with their sources
+    (the clean stage, ``attack=None``, gets empty values)."""
+    if attack is None or resolved is None:
+        return {"eps": 0.0, "norm": "", **AttackBudget(restarts=0).columns(), "eot": 0, "eot_source": "",
+                "grad_mode": "", "grad_source": ""}
+    return {"eps": float(attack.eps), "norm": str(attack.norm), **attack.budget().columns(), **resolved.columns()}
 
 
 def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x: Tensor, y: Tensor, robust_before: Tensor, *,
-              grad: str, eot: int, repeats: int, run_seed: int, shard: int, batch_size: int,
+              grad: str | None, eot: int | None, repeats: int, run_seed: int, shard: int, batch_size: int,
               autocast: str = "none") -> tuple[StageOutcome, dict[str, Any], Evaluation]:
     """Run ``attack`` on the samples of a shard that are ``robust_before``; evaluate its adversarials.
 
     Returns the outcome (for diagnostics), the per-sample record columns of this stage (over
     the whole shard), and the evaluation of the attempted samples.
     """
-    target = Target(defense, spec.grad or grad, int(spec.eot or eot))
+    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast)
+    target = Target(defense, resolved.target_grad, resolved.eot)  # type: ignore[arg-type]
+    threat = ThreatModel(attack.norm, attack.eps, defense.bounds)  # fixed before the attack runs
+    check_data_in_bounds(x, defense.bounds, who=f"defense {defense.name!r}")
     idx = robust_before.nonzero().squeeze(1)
     xa, ya = x[idx], y[idx]
-    budget_before = Budget(target.budget.forward, target.budget.backward)
+    witnesses = target.watch(xa, threat)
+    before = target.budget.counts()
     parts, sizes = [], []
     t0 = time.perf_counter()
-    for c, s in enumerate(range(0, xa.shape[0], batch_size)):
-        xc, yc = xa[s:s + batch_size], ya[s:s + batch_size]
-        target.eot_chunk = max(1, batch_size // max(1, xc.shape[0]))
-        seed = derive_seed(run_seed, shard, stage, SEED_ATTACK, c)
-        with seeded(derive_seed(run_seed, shard, stage, SEED_DEFENSE, c), x.device), _autocast(autocast, x.device):
-            parts.append(attack(target, xc, yc, seed=seed))
-        sizes.append(xc.shape[0])
-    elapsed = time.perf_counter() - t0
+    with counting(defense.networks(), target.budget):  # attack and evaluation, every pass where it happens
+        for c, s in enumerate(range(0, xa.shape[0], batch_size)):
+            xc, yc = xa[s:s + batch_size], ya[s:s + batch_size]
+            target.eot_chunk = max(1, batch_size // max(1, xc.shape[0]))
+            seed = derive_seed(run_seed, shard, stage, SEED_ATTACK, c)
+            with seeded(derive_seed(run_seed, shard, stage, SEED_DEFENSE, c), x.device), _autocast(autocast, x.device):
+                parts.append(attack(target, xc, yc, seed=seed))
+            sizes.append(xc.shape[0])
+        elapsed = time.perf_counter() - t0
+        result = _merge_results(parts, sizes) if parts else attack(target, xa, ya, seed=0)
+        if tuple(result.x_adv.shape) != tuple(xa.shape):
+            raise ValueError(f"attack {spec.name!r} returned adversarial inputs of shape {tuple(result.x_adv.shape)} "
+                             f"for inputs of shape {tuple(xa.shape)}")
+        answer = result.x_adv.detach().to(x.dtype)
+        violation = threat.violation(xa, answer)
+        projected = ~threat.contains(xa, answer)
+        x_adv = threat.project(xa, answer)  # the harness enforces the threat model, not the attack
+        ev = evaluate(defense, x_adv, ya, repeats, derive_seed(run_seed, shard, stage, SEED_EVAL), batch_size)
+        x_adv, ev = _use_witnesses(defense, x_adv, ya, ev, witnesses.has & (ev.correct_frac > 0), witnesses.found,
+                                   repeats, derive_seed(run_seed, shard, stage, SEED_EVAL, 1), batch_size)
+    spent = target.budget.since(before)
     n_att = xa.shape[0]
-    result = _merge_results(parts, sizes) if parts else attack(target, xa, ya, seed=0)
-    x_adv = result.x_adv.detach().to(x.dtype)
-    ev = evaluate(defense, x_adv, ya, repeats, derive_seed(run_seed, shard, stage, SEED_EVAL), batch_size)
     n = x.shape[0]
     full = lambda v, fill, dtype: torch.full((n,), fill, dtype=dtype, device=x.device).index_put_((idx,), v.to(device=x.device, dtype=dtype))  # noqa: E731
     linf, l2 = perturbation_norms(xa, x_adv) if n_att else (xa.new_zeros(0), xa.new_zeros(0))
     nan = torch.tensor(float("nan"))
+    per_sample = lambda k: full(torch.full((n_att,), spent[k] / max(n_att, 1)), 0.0, torch.float64).cpu().numpy()  # noqa: E731
     cols: dict[str, Any] = {
         "attempted": robust_before.cpu().numpy(),
         "preds": _preds_lists(ev.preds, idx, n),
@@ -136,34 +152,69 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
         "linf": full(linf, float("nan"), torch.float64).cpu().numpy(),
         "l2": full(l2, float("nan"), torch.float64).cpu().numpy(),
         "time_s": full(torch.full((n_att,), elapsed / max(n_att, 1)), 0.0, torch.float64).cpu().numpy(),
-        "forward_passes": full(torch.full((n_att,), round((target.budget.forward - budget_before.forward) / max(n_att, 1))), 0, torch.int64).cpu().numpy(),
-        "backward_passes": full(torch.full((n_att,), round((target.budget.backward - budget_before.backward) / max(n_att, 1))), 0, torch.int64).cpu().numpy(),
-        **_budget_columns(attack, target, result.extras),
+        **{k: per_sample(k) for k in spent},
+        "projected": full(projected, False, torch.bool).cpu().numpy(),
+        "nonfinite_query": full(witnesses.has, False, torch.bool).cpu().numpy(),
+        **_budget_columns(attack, resolved),
         "seed": int(run_seed),  # the run seed; the stage's own seeds derive from (seed, shard, stage)
     }
     robust_after = robust_before.clone()
-    robust_after[idx] = ev.correct_majority
+    robust_after[idx] = _robust(ev)
     finite = torch.ones(n, dtype=torch.bool, device=x.device)
     finite[idx] = ev.finite
     outcome = StageOutcome(stage, spec.name, attack, spec, target, xa, ya, x_adv, result, robust_before, robust_after,
-                           finite, defense, shard, derive_seed(run_seed, shard, stage, SEED_ATTACK))
+                           finite, defense, shard, derive_seed(run_seed, shard, stage, SEED_ATTACK), threat, projected,
+                           violation, witnesses.has.clone())
     return outcome, cols, ev
+
+
+def _robust(ev: Evaluation) -> Tensor:
+    """Per evaluated sample: still robust after this stage, i.e. attacked further in the cascade."""
+    return ev.attackable
+
+
+def _use_witnesses(defense: Defense, x_adv: Tensor, y: Tensor, ev: Evaluation, candidates: Tensor, found: Tensor,
+                   repeats: int, seed: int, batch_size: int) -> tuple[Tensor, Evaluation]:
+    """For ``candidates`` (some draw correct at the attack's answer, and a witness of a non-finite output inside
+    the ball), evaluate the witness; where fewer of its draws are correct (so it is no more robust under any
+    criterion) it replaces the answer, evaluation included."""
+    rows = candidates.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return x_adv, ev
+    ev_w = evaluate(defense, found[rows], y[rows], repeats, seed, batch_size)
+    take = ev_w.correct_frac < ev.correct_frac[rows]
+    rows, sub = rows[take], take.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return x_adv, ev
+    x_adv = x_adv.clone()
+    x_adv[rows] = found[rows]
+    merged = {}
+    for f in dataclasses.fields(ev):
+        value = getattr(ev, f.name)
+        if isinstance(value, Tensor) and value.dim() and value.shape[0] == x_adv.shape[0]:
+            value = value.clone()
+            value[rows] = getattr(ev_w, f.name)[sub].to(value.dtype)
+        merged[f.name] = value
+    return x_adv, dataclasses.replace(ev, **merged)
 
 
 def clean_stage(defense: Defense, x: Tensor, y: Tensor, *, repeats: int, run_seed: int, shard: int,
                 batch_size: int) -> tuple[dict[str, Any], Evaluation]:
     """Stage 0: evaluate the clean inputs ``repeats`` times."""
+    check_data_in_bounds(x, defense.bounds, who=f"defense {defense.name!r}")
     t0 = time.perf_counter()
-    ev = evaluate(defense, x, y, repeats, derive_seed(run_seed, shard, 0, SEED_EVAL), batch_size)
+    budget = Budget()
+    with counting(defense.networks(), budget):
+        ev = evaluate(defense, x, y, repeats, derive_seed(run_seed, shard, 0, SEED_EVAL), batch_size)
     n = x.shape[0]
     cols = {"attempted": np.ones(n, bool), "preds": _preds_lists(ev.preds, torch.arange(n), n),
             "correct_all": ev.correct_all.cpu().numpy(), "correct_majority": ev.correct_majority.cpu().numpy(),
             "correct_frac": ev.correct_frac.double().cpu().numpy(), "finite": ev.finite.cpu().numpy(),
             "success": np.zeros(n, bool), "loss": np.full(n, np.nan), "margin": ev.margin.double().cpu().numpy(),
             "linf": np.zeros(n), "l2": np.zeros(n), "time_s": np.full(n, (time.perf_counter() - t0) / max(n, 1)),
-            "forward_passes": np.full(n, repeats * defense.forward_cost, np.int64), "backward_passes": np.zeros(n, np.int64),
-            "eps": 0.0, "norm": "", "iterations": 0, "restarts": 0, "eot": 0, "grad_mode": "", "queries": 0,
-            "noise_samples": 0, "seed": int(run_seed)}
+            **{k: np.full(n, v / max(n, 1)) for k, v in budget.counts().items()},
+            "projected": np.zeros(n, bool), "nonfinite_query": np.zeros(n, bool),
+            **_budget_columns(None, None), "seed": int(run_seed)}
     return cols, ev
 
 

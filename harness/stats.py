@@ -1,9 +1,10 @@
 """Confidence intervals for accuracies computed from per-sample outcomes.
 
 Every function takes an explicit confidence level (and seed where it resamples) and
-returns an :class:`Interval` whose ``method`` names the method used. Comparisons live in
-:mod:`harness.paired`, stochastic defenses in :mod:`harness.stochastic`, subsets in
-:mod:`harness.subsets` and sample-size planning in :mod:`harness.planning`.
+returns an :class:`Interval` whose ``method`` names the method used. :func:`headline_interval`
+is the one interval every report shows for a cell. Comparisons live in :mod:`harness.paired`,
+stochastic defenses in :mod:`harness.stochastic`, subsets in :mod:`harness.subsets` and
+sample-size planning in :mod:`harness.planning`.
 """
 from __future__ import annotations
 
@@ -61,11 +62,17 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
 
 
 def clopper_pearson(successes: int, n: int, confidence: float = 0.95) -> Interval:
-    """Exact (Clopper–Pearson) interval: conservative, never below nominal coverage."""
+    """Exact (Clopper–Pearson) interval: conservative, never below nominal coverage.
+
+    Its ends are beta quantiles (scipy.stats.beta), the closed form of what
+    ``binomtest(...).proportion_ci(method="exact")`` finds by root search, about 100x faster.
+    """
     _check_counts(successes, n)
     _check_confidence(confidence)
-    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="exact")
-    return Interval(float(successes / n), float(ci.low), float(ci.high), "clopper-pearson", confidence, int(n))
+    k, n, tail = int(successes), int(n), (1 - confidence) / 2
+    low = float(stats.beta.ppf(tail, k, n - k + 1)) if k > 0 else 0.0
+    high = float(stats.beta.ppf(1 - tail, k + 1, n - k)) if k < n else 1.0
+    return Interval(k / n, low, high, "clopper-pearson", confidence, n)
 
 
 def _method_key(method: str) -> str:
@@ -85,7 +92,8 @@ def bootstrap(outcomes: np.ndarray, *, confidence: float = 0.95, seed: int = 0, 
 
     ``method`` is ``BCa`` (default), ``percentile`` or ``basic``. Degenerate data (all 0 or
     all 1) has no sampling variability in the bootstrap; the interval then collapses to the
-    point, so callers should show Wilson beside it. If BCa is undefined (scipy returns NaN),
+    point, and near-degenerate data under-covers: report cells use :func:`headline_interval`,
+    which falls back to an exact interval there. If BCa is undefined (scipy returns NaN),
     the percentile interval is returned and the method says so.
     """
     key = _method_key(method)
@@ -110,6 +118,44 @@ def bootstrap(outcomes: np.ndarray, *, confidence: float = 0.95, seed: int = 0, 
             raise RuntimeError("bootstrap percentile interval is not finite; check the outcomes")
         return bootstrap(x, confidence=confidence, seed=seed, n_resamples=n_resamples, method="percentile")
     return Interval(est, low, high, f"bootstrap-{key}", confidence, int(x.size))
+
+
+# The BCa bootstrap needs this many samples on each side of a cell's bulk (robust and not robust,
+# score above 0 and below 1) to resolve the interval's tails. Chosen from the exact coverage of the
+# headline rule over a dense grid of accuracies p (95% level, 10,000 resamples): with 20, coverage
+# at p < 0.1 or p > 0.9 is >= 95.1% at n = 100 and >= 93.9% at n = 512 (>= 93.7% near the edges for
+# n from 50 to 1000), while pure BCa falls to 4.9% (n = 100) and 22% (n = 512) at p = 0.0005 (0 of n
+# robust gives [0, 0]); thresholds of 1-8 still let BCa dip to 92.1-93.3% just above the edge.
+RESOLVABLE_TAIL = 20
+
+
+def headline_interval(scores: np.ndarray, *, confidence: float = 0.95, seed: int = 0,
+                      n_resamples: int = 10_000) -> Interval:
+    """The interval a report shows for a cell of per-sample scores in [0, 1] (0/1 or fractions).
+
+    The BCa bootstrap over samples when at least :data:`RESOLVABLE_TAIL` samples score above 0,
+    as many below 1, and as many differ from the most common score; otherwise the bootstrap
+    cannot resolve the sparse tail (it collapses to zero width on all-0 data) and the exact
+    Clopper–Pearson interval is used: for 0/1 scores the usual one (``clopper-pearson``), for
+    fractions ``clopper-pearson-bounds`` = [CP lower bound of the share of samples scoring 1,
+    CP upper bound of the share scoring above 0]. Since P(score = 1) <= mean <= P(score > 0),
+    each end fails with probability at most (1 - confidence) / 2: coverage is never below nominal.
+    """
+    _check_confidence(confidence)
+    x = np.asarray(scores, dtype=float).ravel()
+    if x.size == 0:
+        raise ValueError("an interval needs at least one per-sample score")
+    if not np.all((x >= 0) & (x <= 1)):  # also rejects NaN
+        raise ValueError("per-sample scores must lie in [0, 1] (0/1 outcomes or fractions of robust draws)")
+    n, above, below = x.size, int(np.sum(x > 0)), int(np.sum(x < 1))
+    off_mode = n - int(np.unique(x, return_counts=True)[1].max())
+    if min(above, below, off_mode) >= RESOLVABLE_TAIL:
+        return bootstrap(x, confidence=confidence, seed=seed, n_resamples=n_resamples, method="BCa")
+    full = int(np.sum(x == 1))
+    low = clopper_pearson(full, n, confidence).low
+    high = clopper_pearson(above, n, confidence).high
+    method = "clopper-pearson" if full == above else "clopper-pearson-bounds"  # equal: all scores are 0/1
+    return Interval(float(x.mean()), low, high, method, confidence, n)
 
 
 def bootstrap_many(outcomes: np.ndarray, *, confidence: float = 0.95, seed: int = 0, n_resamples: int = 10_000,

@@ -1,27 +1,32 @@
-"""The run directory: resolved config, provenance, per-sample records in Parquet shards.
+"""The run-directory format: the one module that writes and reads ``<out>/<run-id>/``.
 
-Layout of ``<out>/<run-id>/``::
+Layout::
 
-    config.toml                  fully resolved RunConfig
-    provenance.json              git commit, package versions, torch, device, seeds, start/end times
-    diagnostics.json             run-level diagnostic flags
+    format.json                  {"format": "robustness-harness run", "version": FORMAT_VERSION}; checked on load
+    config.toml                  fully resolved RunConfig (battery, escalations)
+    provenance.json              planned samples (indices, shard sizes), fingerprint (harness.fingerprint), forced
+                                 resumes, git state, device, seed, ``started``; ``finished`` only once every stage
+                                 of every shard (escalations included) is stored
+    diagnostics.json             run-level diagnostic flags (written when the run finishes)
     records/shard-00000.parquet  one row per (sample, stage), long format (see README)
     records/shard-00000.json     per-shard side data: {"stages": [...], "attacks": {...}, "diagnostics": [...]}
     adversarials/shard-00000.pt  adversarial inputs (with --save-adversarials)
+    .lock, records/.shard-00000.lock   inter-process locks (empty files)
 
-Every file is written to a temporary name and renamed (``os.replace``), so an interrupted run
-never leaves a half-written shard; a shard counts as finished when its Parquet file exists and
-its side data lists the expected stages.
+Every file is written through :mod:`harness.atomic` (unique temporary name, fsync, rename), so an
+interrupted run never leaves a half-written file. A shard counts as finished when its Parquet file
+exists and holds the expected stages; a run is complete when it is ``finished`` and every planned
+shard is (:func:`completeness`). Concurrent processes coordinate through the locks: the run lock
+guards config and provenance, a shard lock guards the computation and files of one shard.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
-import os
 import platform
 import re
-import subprocess
-from importlib import metadata
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +35,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from harness import atomic
 from harness.config import RunConfig, read_config, write_config
+from harness.errors import UsageError
+from harness.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
+from harness.flags import check_codes
+from harness.locks import file_lock
+
+FORMAT_VERSION = 1
+FORMAT_FILE = "format.json"
+FORMAT_NAME = "robustness-harness run"
 
 SCHEMA = pa.schema([
     ("index", pa.int64()), ("label", pa.int64()), ("shard", pa.int64()), ("stage", pa.int64()), ("attack", pa.string()),
     ("attempted", pa.bool_()), ("preds", pa.list_(pa.int64())), ("correct_all", pa.bool_()),
     ("correct_majority", pa.bool_()), ("correct_frac", pa.float64()), ("finite", pa.bool_()), ("success", pa.bool_()),
     ("loss", pa.float64()), ("margin", pa.float64()), ("linf", pa.float64()), ("l2", pa.float64()),
-    ("time_s", pa.float64()), ("forward_passes", pa.int64()), ("backward_passes", pa.int64()),
+    ("time_s", pa.float64()), ("classifier_forward", pa.float64()), ("classifier_backward", pa.float64()),
+    ("purifier_forward", pa.float64()), ("purifier_backward", pa.float64()), ("projected", pa.bool_()),
+    ("nonfinite_query", pa.bool_()),
     ("eps", pa.float64()), ("norm", pa.string()), ("iterations", pa.int64()), ("restarts", pa.int64()),
     ("eot", pa.int64()), ("grad_mode", pa.string()), ("queries", pa.int64()), ("noise_samples", pa.int64()),
+    ("step_size", pa.float64()), ("schedule", pa.string()), ("loss_fn", pa.string()), ("eot_source", pa.string()), ("grad_source", pa.string()),
     ("seed", pa.int64()),
 ])
 COLUMNS = SCHEMA.names
@@ -47,23 +64,39 @@ COLUMNS = SCHEMA.names
 TIMING_COLUMNS = ("time_s",)
 PACKAGES = ("torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "pyautoattack", "torchattacks", "timm",
             "robustness-harness")
+_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+
+
+class RunFormatError(UsageError):
+    """A run directory's file is missing, unreadable, or of another format version."""
+
+
+class ResumeMismatchError(UsageError):
+    """A resume would mix results of a different defense, data or software into an existing run."""
+
+
+class IncompleteRunError(UsageError):
+    """A report was asked of a run that is not complete (without ``--partial``)."""
+
+
+def validate_run_id(run_id: str) -> str:
+    """A run id must be one safe path component, so ``--run-id`` cannot write outside ``--out``."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise UsageError(f"--run-id {run_id!r} is not a single safe directory name; accepted: letters, digits and "
+                         "_ . + - (not starting with . + or -, at most 200 characters, no / or \\); "
+                         "use --out to choose the parent directory")
+    return run_id
 
 
 def make_run_id(cfg: RunConfig) -> str:
     """``<defense>-<dataset>-<hash>``: the hash covers every result-relevant config field, so the same
     command maps to the same directory (and resumes) while any change of settings gets a new one."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(cfg.defense.split(":")[0]).stem if ":" in cfg.defense else cfg.defense)
-    return f"{stem.strip('_') or 'defense'}-{cfg.dataset}-{cfg.fingerprint()}"
+    return validate_run_id(f"{stem.strip('_.-') or 'defense'}-{cfg.dataset}-{cfg.fingerprint()}")
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _atomic_write_json(path: Path, obj: Any) -> None:
-    _atomic_write_bytes(path, json.dumps(obj, indent=2, default=_json_default).encode())
+def _write_json(path: Path, obj: Any) -> None:
+    atomic.write_text(path, json.dumps(obj, indent=2, default=_json_default))
 
 
 def _json_default(obj: Any) -> Any:
@@ -74,8 +107,41 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RunFormatError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The samples a run evaluates, in order, and how they are cut into shards."""
+
+    indices: list[int]
+    shard_sizes: list[int]
+
+    @classmethod
+    def split(cls, indices: list[int], shard_size: int) -> "Plan":
+        n = len(indices)
+        return cls(list(indices), [min(shard_size, n - i) for i in range(0, n, shard_size)])
+
+    def shards(self) -> list[list[int]]:
+        out, start = [], 0
+        for size in self.shard_sizes:
+            out.append(self.indices[start:start + size])
+            start += size
+        return out
+
+
+def stage_names(cfg: RunConfig) -> list[str]:
+    """Stage names a complete shard holds, in order: clean, the battery, then the escalations."""
+    specs = [*cfg.battery, *cfg.escalations]
+    return ["clean"] + [str(s.get("name") or s.get("attack")) for s in specs]
 
 
 class RunStore:
@@ -86,12 +152,30 @@ class RunStore:
         self.records_dir = self.dir / "records"
         self.adv_dir = self.dir / "adversarials"
 
+    # -- locks -----------------------------------------------------------------------------
+    def run_lock(self) -> contextlib.AbstractContextManager[bool]:
+        """Exclusive lock for config, provenance and diagnostics writes (blocks until held)."""
+        return file_lock(self.dir / ".lock")
+
+    def shard_lock(self, shard: int, *, blocking: bool) -> contextlib.AbstractContextManager[bool]:
+        """Exclusive lock for computing and writing one shard; non-blocking yields False if another holds it."""
+        return file_lock(self.records_dir / f".shard-{shard:05d}.lock", blocking=blocking)
+
     # -- config and provenance -------------------------------------------------------------
-    def open(self, cfg: RunConfig) -> bool:
-        """Create the directory or check that an existing one holds the same run; returns True when resuming."""
+    def open(self, cfg: RunConfig, *, plan: Plan, fingerprint: Fingerprint, info: dict[str, Any],
+             force_resume: bool = False) -> bool:
+        """Create the run directory, or check that an existing one holds the same experiment (config and
+        fingerprint); returns True when resuming. Call it holding :meth:`run_lock`.
+
+        A changed fingerprint is refused naming what changed, unless ``force_resume`` (then recorded in
+        provenance under ``forced_resumes``). ``info`` is extra provenance (device, defense, data source).
+        """
         cfg_path = self.dir / "config.toml"
         resuming = cfg_path.is_file()
+        prov: dict[str, Any] = {}
+        forced: list[dict[str, Any]] = []
         if resuming:
+            check_format(self.dir)
             old = read_config(cfg_path)
             if old.result_dict() != cfg.result_dict():
                 diff = sorted(k for k, v in cfg.result_dict().items() if old.result_dict().get(k) != v)
@@ -100,30 +184,40 @@ class RunStore:
             if old.batch_size != cfg.batch_size:  # attack seeds are drawn per batch: a new size changes results
                 raise ValueError(f"run directory {str(self.dir)!r} was run with --batch-size {old.batch_size}; resume it "
                                  f"with the same --batch-size (got {cfg.batch_size}) so the remaining shards match")
+            prov = load_provenance(self.dir)
+            forced = list(prov.get("forced_resumes", []))
+            changes = Fingerprint.from_dict(prov.get("fingerprint") or {}).differences(fingerprint)
+            if changes and not force_resume:
+                raise ResumeMismatchError(
+                    f"refusing to resume run {str(self.dir)!r}: {'; '.join(changes)} changed since it started, so its "
+                    "table would mix results of two experiments; use another --run-id or --out, or pass "
+                    "--force-resume to continue anyway (recorded in provenance.json)")
+            if changes:
+                forced.append({"at": _now(), "changed": changes, "previous": prov.get("fingerprint")})
         self.records_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION})
         write_config(cfg, cfg_path)
+        self._provenance = {
+            "format_version": FORMAT_VERSION, "run_id": self.dir.name, "git_commit": git_commit(),
+            "git_dirty": git_dirty(), "packages": package_versions(PACKAGES), "python": platform.python_version(),
+            "platform": platform.platform(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "threads": torch.get_num_threads(), "seed": cfg.seed, **info, "n_samples": len(plan.indices),
+            "indices": plan.indices, "shard_sizes": plan.shard_sizes, "fingerprint": fingerprint.to_dict(),
+            "forced_resumes": forced, "started": prov.get("started") or _now(), "finished": None}
+        _write_json(self.dir / "provenance.json", self._provenance)
         return resuming
 
     def write_config(self, cfg: RunConfig) -> None:
         write_config(cfg, self.dir / "config.toml")
 
-    def write_provenance(self, cfg: RunConfig, *, device: str, defense: dict[str, Any], data_source: str,
-                         indices: list[int], started: str, finished: str | None = None) -> None:
-        prov = {"run_id": self.dir.name, "git_commit": _git_commit(), "git_dirty": _git_dirty(),
-                "packages": _versions(), "python": platform.python_version(), "platform": platform.platform(),
-                "torch": torch.__version__, "cuda": torch.version.cuda, "device": device,
-                "threads": torch.get_num_threads(), "seed": cfg.seed, "defense": defense, "data_source": data_source,
-                "n_samples": len(indices), "indices": indices, "started": started, "finished": finished}
-        _atomic_write_json(self.dir / "provenance.json", prov)
-
-    def started(self) -> str | None:
-        """Start time recorded by an earlier (interrupted) invocation of this run, if any."""
-        path = self.dir / "provenance.json"
-        return json.loads(path.read_text()).get("started") if path.is_file() else None
-
-    @staticmethod
-    def now() -> str:
-        return _now()
+    def finish(self, flags: list[dict[str, Any]]) -> None:
+        """Write the run-level diagnostics, then mark the run finished. Call it only when every planned
+        shard holds every stage (escalations included), holding :meth:`run_lock`."""
+        check_codes(flags, source=str(self.dir / "diagnostics.json"))
+        _write_json(self.dir / "diagnostics.json", flags)
+        prov = load_provenance(self.dir)
+        prov["finished"] = _now()
+        _write_json(self.dir / "provenance.json", prov)
 
     # -- shards ----------------------------------------------------------------------------
     def shard_path(self, shard: int, suffix: str = ".parquet") -> Path:
@@ -137,7 +231,12 @@ class RunStore:
         return list(t.drop_duplicates("stage").sort_values("stage").attack)
 
     def read_side(self, shard: int) -> dict[str, Any]:
-        return json.loads(self.shard_path(shard, ".json").read_text())
+        path = self.shard_path(shard, ".json")
+        side = _read_json(path)
+        if not isinstance(side, dict):
+            raise RunFormatError(f"{str(path)!r} must hold a JSON object (stages, attacks, diagnostics)")
+        check_codes(side.get("diagnostics", []), source=str(path))
+        return side
 
     def read_shard(self, shard: int) -> pd.DataFrame:
         return pq.read_table(self.shard_path(shard)).to_pandas()
@@ -147,27 +246,55 @@ class RunStore:
         """Write side data, adversarials, then the Parquet file last: the Parquet file is the record of which
         stages are finished, so an interruption at any point leaves a consistent shard."""
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write_json(self.shard_path(shard, ".json"), side)
+        check_codes(side.get("diagnostics", []), source=str(self.shard_path(shard, ".json")))
+        _write_json(self.shard_path(shard, ".json"), side)
         if adversarials is not None:
-            self.adv_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.adv_dir / f".shard-{shard:05d}.pt.tmp"
-            torch.save(adversarials, tmp)
-            os.replace(tmp, self.adv_dir / f"shard-{shard:05d}.pt")
+            with atomic.atomic_path(self.adv_dir / f"shard-{shard:05d}.pt") as tmp:
+                torch.save(adversarials, tmp)
         table = pa.Table.from_pandas(records[COLUMNS], schema=SCHEMA, preserve_index=False)
-        tmp = self.records_dir / f".shard-{shard:05d}.parquet.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.shard_path(shard))
+        with atomic.atomic_path(self.shard_path(shard)) as tmp:
+            pq.write_table(table, tmp)
 
     def read_adversarials(self, shard: int) -> dict[str, Any] | None:
         path = self.adv_dir / f"shard-{shard:05d}.pt"
         return torch.load(path, weights_only=True) if path.is_file() else None
 
-    def write_diagnostics(self, flags: list[dict[str, Any]]) -> None:
-        _atomic_write_json(self.dir / "diagnostics.json", flags)
+
+# -- readers: everything that reads a run goes through these ----------------------------------
+def check_format(run_dir: str | Path) -> None:
+    """Raise :class:`RunFormatError` unless ``run_dir`` is a run directory of this harness's format version."""
+    path = Path(run_dir) / FORMAT_FILE
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist (expected <out>/<run-id>/ from "
+                                "`harness run`)")
+    if not path.is_file():
+        raise RunFormatError(f"{str(path)!r} is missing: {str(run_dir)!r} is not a run directory of this harness, or "
+                             f"was written before run-format versioning (this harness reads format version "
+                             f"{FORMAT_VERSION}); delete it, or rerun into another --run-id or --out")
+    data = _read_json(path)
+    version = data.get("version") if isinstance(data, dict) else None
+    if version != FORMAT_VERSION:
+        raise RunFormatError(f"{str(path)!r} says run format version {version!r}, but this harness reads version "
+                             f"{FORMAT_VERSION}; read it with the harness version that wrote it, or rerun into another --run-id or --out")
+
+
+def load_config(run_dir: str | Path) -> RunConfig:
+    check_format(run_dir)
+    return read_config(Path(run_dir) / "config.toml")
+
+
+def load_provenance(run_dir: str | Path) -> dict[str, Any]:
+    check_format(run_dir)
+    path = Path(run_dir) / "provenance.json"
+    if not path.is_file():
+        raise RunFormatError(f"{str(path)!r} is missing; rerun the run's `harness run` command to restore it")
+    return _read_json(path)
 
 
 def load_records(run_dir: str | Path) -> pd.DataFrame:
-    """All finished shards of a run as one long DataFrame (one row per sample and stage)."""
+    """All finished shards of a run as one long DataFrame (one row per sample and stage); complete or not,
+    see :func:`completeness`."""
+    check_format(run_dir)
     records = Path(run_dir) / "records"
     paths = sorted(records.glob("shard-*.parquet"))
     if not paths:
@@ -177,32 +304,97 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
 
 
 def load_diagnostics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Run-level diagnostic flags ([] before the run finished)."""
+    check_format(run_dir)
     path = Path(run_dir) / "diagnostics.json"
-    return json.loads(path.read_text()) if path.is_file() else []
+    flags = _read_json(path) if path.is_file() else []
+    if not isinstance(flags, list):
+        raise RunFormatError(f"{str(path)!r} must hold a JSON list of flags, got {type(flags).__name__}")
+    check_codes(flags, source=str(path))
+    return flags
 
 
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+def load_side(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """Per-shard side data (stages, per-attack counts and traces, shard flags) by shard number."""
+    check_format(run_dir)
+    store = RunStore(run_dir)
+    shards = sorted(int(p.stem.split("-")[-1]) for p in store.records_dir.glob("shard-*.json"))
+    return {s: store.read_side(s) for s in shards}
 
 
-def _git_commit() -> str | None:
-    return _git("rev-parse", "HEAD")
+@dataclass(frozen=True)
+class Completeness:
+    """How much of a run's plan is stored: planned vs done samples, the shards missing or short of stages."""
+
+    run: str
+    planned: int
+    done: int
+    stages: list[str]
+    missing_shards: list[int] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.finished and not self.missing_shards and self.done == self.planned
+
+    def describe(self) -> str:
+        """``24 of 32 samples done; missing shards 1; not finished (...)`` (one line)."""
+        parts = [f"{self.done} of {self.planned} samples done"]
+        if self.missing_shards:
+            parts.append(f"missing or unfinished shards {_ranges(self.missing_shards)}")
+        if not self.finished:
+            parts.append("not finished (in progress, or stopped before its escalation stages and final diagnostics)")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partial": not self.complete, "n_done": self.done, "n_planned": self.planned,
+                "missing_shards": list(self.missing_shards), "finished": self.finished}
 
 
-def _git_dirty() -> bool | None:
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return None if status is None else bool(status)
+def _ranges(values: list[int]) -> str:
+    out: list[str] = []
+    for v in values:
+        if out and out[-1].split("-")[-1] == str(v - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{v}"
+        else:
+            out.append(str(v))
+    return ", ".join(out)
 
 
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+def completeness(run_dir: str | Path) -> Completeness:
+    """Compare what a run stores with its plan (provenance indices and shard sizes, config stages)."""
+    prov = load_provenance(run_dir)
+    cfg = load_config(run_dir)
+    if "indices" not in prov or "shard_sizes" not in prov:
+        raise RunFormatError(f"{str(Path(run_dir) / 'provenance.json')!r} lacks the planned indices and shard sizes")
+    plan = Plan(list(prov["indices"]), list(prov["shard_sizes"]))
+    expected = stage_names(cfg)
+    store, done, missing = RunStore(run_dir), 0, []
+    for s, idx in enumerate(plan.shards()):
+        if _shard_complete(store, s, idx, expected):
+            done += len(idx)
+        else:
+            missing.append(s)
+    return Completeness(run=str(run_dir), planned=len(plan.indices), done=done, stages=expected,
+                        missing_shards=missing, finished=bool(prov.get("finished")))
+
+
+def _shard_complete(store: RunStore, shard: int, indices: list[int], expected: list[str]) -> bool:
+    if not store.shard_path(shard).is_file() or not store.shard_path(shard, ".json").is_file():
+        return False
+    t = pq.read_table(store.shard_path(shard), columns=["index", "stage", "attack"]).to_pandas()
+    names = list(t.drop_duplicates("stage").sort_values("stage").attack)
+    if names != expected or len(t) != len(indices) * len(expected):
+        return False
+    return all(sorted(g.tolist()) == sorted(indices) for _, g in t.groupby("stage")["index"])
+
+
+def require_complete(run_dir: str | Path, *, partial: bool = False) -> Completeness:
+    """The run's completeness; raises :class:`IncompleteRunError` (one line) for an incomplete run unless
+    ``partial``."""
+    state = completeness(run_dir)
+    if not state.complete and not partial:
+        raise IncompleteRunError(f"run {str(run_dir)!r} is incomplete: {state.describe()}; finish it by running its "
+                                 "`harness run` command again, or see it labelled as partial with "
+                                 "`harness report --partial`")
+    return state

@@ -1,30 +1,66 @@
 """What an attack sees of a defense: logits and gradients under a gradient mode, batched EOT,
-and counts of the forward and backward passes spent (budget accounting).
+the passes its networks run (``harness.passes``), and witnesses of non-finite outputs.
 
 Attacks never call the defense directly; they call a :class:`Target`. That is how one
 attack implementation works unchanged for ``full``, ``bpda`` and ``surrogate`` gradients
-and for deterministic or stochastic defenses.
+and for deterministic or stochastic defenses, and how the harness sees every query:
+
+- every output row is checked (shape, and finiteness). A query where the defense gave no valid
+  answer (NaN/inf) is a successful attack. When the stage has registered the clean batch
+  (:meth:`Target.watch`), such a query inside a sample's threat-model ball is kept as that
+  sample's *witness*; the stage substitutes it for the attack's answer when that answer is not a
+  break, and the final evaluation confirms it. This covers every attack, native or third-party.
+- :meth:`Target.value_and_grad` hands native attacks *sanitized* values for non-finite rows (a
+  huge loss, logits with the true class at ``-BIG`` so the margin says "misclassified", a zero
+  gradient), so gradient attacks keep such points instead of discarding them as NaN.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
+from .checks import check_logits
 from .defense import GRAD_MODES, Defense, GradMode
 from .losses import LossFn
+from .passes import Budget, counting
+from .threat import ThreatModel
+
+__all__ = ["BIG", "Budget", "Target", "Witnesses"]
+
+BIG = 1e30  # sanitized loss / margin of a non-finite output row: finite, larger than any real loss
 
 
 @dataclass
-class Budget:
-    """Passes spent, summed over samples (a batch of B with E EOT draws adds B*E*forward_cost)."""
-    forward: int = 0
-    backward: int = 0
+class Witnesses:
+    """Per clean input (``anchors``), the first queried input inside its threat-model ball at which the
+    defense's output was non-finite (``found``; valid where ``has``)."""
+    anchors: Tensor
+    threat: ThreatModel
+    found: Tensor
+    has: Tensor
 
-    def add(self, other: "Budget") -> None:
-        self.forward += other.forward
-        self.backward += other.backward
+    @classmethod
+    def watch(cls, x: Tensor, threat: ThreatModel) -> "Witnesses":
+        x = x.detach()
+        return cls(x, threat, x.clone(), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device))
+
+    def record(self, queries: Tensor) -> None:
+        """Map each query (an input with non-finite output) to its nearest clean input, in the threat
+        model's norm, among those still without a witness; keep it if it lies inside that input's ball and
+        the bounds (a point inside a sample's ball is a witness for it, whichever sample it was made for)."""
+        open_ = (~self.has).nonzero().squeeze(1)
+        if queries.shape[0] == 0 or open_.numel() == 0:
+            return
+        q = queries.detach().to(self.anchors.dtype)
+        p = {"Linf": float("inf"), "L2": 2.0, "L1": 1.0}[self.threat.norm]
+        nearest = open_[torch.cdist(q.flatten(1).float(), self.anchors[open_].flatten(1).float(), p=p).argmin(1)]
+        ok = self.threat.contains(self.anchors[nearest], q)
+        rows, idx = ok.nonzero().squeeze(1), nearest[ok]
+        self.found[idx] = q[rows]
+        self.has[idx] = True
 
 
 @dataclass
@@ -32,13 +68,16 @@ class Target:
     """A defense seen through a gradient mode with ``eot`` draws per gradient estimate.
 
     ``eot_chunk`` bounds how many copies go through the network at once (memory);
-    the copies of a chunk run in one batched forward pass.
+    the copies of a chunk run in one batched forward pass. ``budget`` counts the passes of the
+    defense's networks during this target's calls; ``witnesses`` (set by :meth:`watch`) collects
+    non-finite queries. Views from :meth:`with_options` share both.
     """
     defense: Defense
     grad_mode: GradMode = "full"
     eot: int = 1
     eot_chunk: int | None = None
     budget: Budget = field(default_factory=Budget)
+    witnesses: Witnesses | None = None
 
     def __post_init__(self) -> None:
         if self.grad_mode not in GRAD_MODES:
@@ -57,28 +96,42 @@ class Target:
         return self.defense.bounds
 
     def with_options(self, *, grad_mode: GradMode | None = None, eot: int | None = None) -> "Target":
-        """A view with another gradient mode or EOT count that shares this target's budget counter."""
-        return Target(self.defense, grad_mode or self.grad_mode, eot or self.eot, self.eot_chunk, self.budget)
+        """A view with another gradient mode or EOT count that shares this target's budget and witnesses."""
+        return Target(self.defense, grad_mode or self.grad_mode, eot or self.eot, self.eot_chunk, self.budget,
+                      self.witnesses)
 
-    def _count(self, n: int, backward: bool) -> None:
-        cost = n * self.defense.forward_cost
-        self.budget.forward += cost
-        if backward:
-            self.budget.backward += cost
+    def watch(self, x: Tensor, threat: ThreatModel) -> Witnesses:
+        """Collect, from now on, witnesses of non-finite outputs for the clean inputs ``x``."""
+        self.witnesses = Witnesses.watch(x, threat)
+        return self.witnesses
+
+    def _forward(self, x: Tensor, grad_mode: GradMode) -> Tensor:
+        """The one place a target runs the defense: passes counted, output shape checked, witnesses kept."""
+        with counting(self.defense.networks(), self.budget):
+            out = self.defense.logits(x, grad_mode)
+        check_logits(self.defense, x, out)
+        if self.witnesses is not None:
+            bad = ~torch.isfinite(out.detach()).all(1)
+            if bool(bad.any()):
+                self.witnesses.record(x.detach()[bad])
+        return out
 
     def logits(self, x: Tensor) -> Tensor:
-        """One differentiable forward pass in this target's gradient mode (one draw)."""
-        self._count(x.shape[0], backward=torch.is_grad_enabled() and x.requires_grad)
-        return self.defense.logits(x, self.grad_mode)
+        """One differentiable forward pass in this target's gradient mode (one draw; raw outputs)."""
+        return self._forward(x, self.grad_mode)
 
     @torch.no_grad()
     def predict(self, x: Tensor, draws: int = 1) -> Tensor:
-        """Logits without gradients; for ``draws > 1`` the log of the mean softmax over draws."""
+        """Logits without gradients; for ``draws > 1`` the log of the mean softmax over draws (raw: NaN stays NaN)."""
         if draws == 1:
-            self._count(x.shape[0], backward=False)
-            return self.defense.logits(x, "full")
-        probs = self._batched(x, draws, lambda z: self.defense.logits(z, "full").softmax(1), count_backward=False)
+            return self._forward(x, "full")
+        probs = self._batched(x, draws, lambda z: self._forward(z, "full").softmax(1))
         return probs.clamp_min(1e-30).log()
+
+    def auxiliary_losses(self, x: Tensor) -> dict[str, Tensor]:
+        """The defense's auxiliary losses (``Defense.auxiliary_losses``), their passes counted."""
+        with counting(self.defense.networks(), self.budget):
+            return self.defense.auxiliary_losses(x)
 
     def value_and_grad(self, x: Tensor, y: Tensor, loss_fn: LossFn, eot: int | None = None,
                        with_grad: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -87,34 +140,43 @@ class Target:
         The E copies of the batch go through the network in one batched forward pass
         (in chunks of ``eot_chunk`` copies); the gradient of the mean loss is the mean
         of the per-draw gradients, i.e. the EOT estimate of Athalye et al. (2018).
+        A draw with non-finite outputs counts as misclassified: loss ``BIG``, logits with the
+        true class at ``-BIG``, zero gradient (module docstring).
         ``with_grad=False`` skips the backward pass (e.g. scoring an attack's last iterate)
         and returns ``None`` for the gradient.
         """
         draws = eot or self.eot
         x = x.detach().requires_grad_(with_grad)
-        with torch.set_grad_enabled(with_grad):
+        # the backward pass too runs inside the counting context: a purifier that recomputes its steps
+        # during the backward pass (harness.grad) runs forward passes there
+        with torch.set_grad_enabled(with_grad), counting(self.defense.networks(), self.budget):
             losses, logits_sum = [], None
             chunk = self.eot_chunk or draws
             grad = torch.zeros_like(x) if with_grad else None
             for start in range(0, draws, chunk):
                 e = min(chunk, draws - start)
                 xr = x if e == 1 else x.repeat(e, *([1] * (x.dim() - 1)))
-                out = self.logits(xr)
-                loss = loss_fn(out, y if e == 1 else y.repeat(e)).view(e, -1)
-                if with_grad:
-                    grad += torch.autograd.grad(loss.sum() / draws, x)[0]
-                losses.append(loss.detach().sum(0))
+                yr = y if e == 1 else y.repeat(e)
+                out = self.logits(xr).float()
+                ok = torch.isfinite(out).all(1)
+                out = torch.where(ok[:, None], out, _sanitized(out, yr))
+                loss = torch.where(ok, loss_fn(out, yr), torch.full_like(ok, BIG, dtype=out.dtype))
+                if with_grad:  # an output that does not depend on the input (e.g. constant NaN) has zero gradient
+                    (g,) = torch.autograd.grad(loss.sum() / draws, xr, allow_unused=True) if loss.requires_grad else (None,)
+                    g = torch.zeros_like(xr) if g is None else g
+                    g = torch.where(ok.view(-1, *([1] * (x.dim() - 1))), g, torch.zeros_like(g))
+                    grad += g.view(e, *x.shape).sum(0)
+                losses.append(loss.detach().view(e, -1).sum(0))
                 lg = out.detach().view(e, x.shape[0], -1).sum(0)
                 logits_sum = lg if logits_sum is None else logits_sum + lg
         return torch.stack(losses).sum(0) / draws, grad, logits_sum / draws
 
-    def _batched(self, x: Tensor, draws: int, fn, count_backward: bool) -> Tensor:
+    def _batched(self, x: Tensor, draws: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
         chunk = self.eot_chunk or draws
         total = None
         for start in range(0, draws, chunk):
             e = min(chunk, draws - start)
             xr = x.repeat(e, *([1] * (x.dim() - 1)))
-            self._count(xr.shape[0], backward=count_backward)
             out = fn(xr).view(e, x.shape[0], -1).sum(0)
             total = out if total is None else total + out
         return total / draws
@@ -123,6 +185,12 @@ class Target:
         """An ``nn.Module`` whose forward gives logits in this target's gradient mode, averaged over
         ``eot`` draws (EOT on expected logits), for third-party attack libraries that take a model."""
         return _TargetModule(self)
+
+
+def _sanitized(out: Tensor, y: Tensor) -> Tensor:
+    """Logit rows saying "misclassified" with margin ``BIG``: 0 everywhere, ``-BIG`` on the true class."""
+    s = torch.zeros_like(out.detach())
+    return s.scatter(1, y.view(-1, 1), -BIG)
 
 
 class _TargetModule(nn.Module):
@@ -135,4 +203,4 @@ class _TargetModule(nn.Module):
         t = self.target
         if t.eot == 1:
             return t.logits(x)
-        return t._batched(x, t.eot, lambda z: t.defense.logits(z, t.grad_mode), count_backward=x.requires_grad)
+        return t._batched(x, t.eot, t.logits)

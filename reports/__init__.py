@@ -4,9 +4,13 @@
 """
 from __future__ import annotations
 
+import html
+import json
+import re
 from pathlib import Path
 from typing import Callable
 
+from .latex import escape as latex_escape
 from .load import RunData, load_run
 from .table import Settings, Table, build_table
 
@@ -30,11 +34,48 @@ def _renderer(fmt: str) -> Callable[[Table], str]:
 
 
 def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = "all", confidence: float = 0.95,
-           seed: int = 0, n_resamples: int = 10_000) -> str:
-    """Render the runs in ``run_dirs`` as one table in ``fmt`` (markdown, csv, latex, json, html)."""
+           seed: int = 0, n_resamples: int = 10_000, partial: bool = False) -> str:
+    """Render the runs in ``run_dirs`` as one table in ``fmt`` (markdown, csv, latex, json, html).
+
+    Incomplete runs are refused unless ``partial``; then the output of every format says so (a first line,
+    or for JSON ``"partial": true`` with ``n_done`` and ``n_planned`` in each run object).
+    """
     fn = _renderer(fmt)
     settings = Settings(criterion=criterion, confidence=confidence, seed=seed, n_resamples=n_resamples)
-    return fn(build_table([Path(p) for p in run_dirs], settings))
+    runs = [load_run(Path(p), partial=partial) for p in run_dirs]
+    return label_partial(fn(build_table(runs, settings)), fmt, runs)
 
 
-__all__ = ["FORMATS", "RunData", "Settings", "Table", "build_table", "load_run", "render"]
+def partial_note(runs: list[RunData]) -> str | None:
+    """One line naming every incomplete run with its samples done and planned; None when all are complete."""
+    parts = [f"{r.run_id}: {r.completeness.describe()}" for r in runs if r.partial and r.completeness is not None]
+    if not parts:
+        return None
+    return "PARTIAL RESULTS (incomplete runs, not final): " + " | ".join(parts)
+
+
+def label_partial(text: str, fmt: str, runs: list[RunData]) -> str:
+    """``text`` of format ``fmt`` labelled as partial when any run is incomplete (unchanged otherwise)."""
+    note = partial_note(runs)
+    if note is None:
+        return text
+    if fmt == "json":
+        data = json.loads(text)
+        for obj, run in zip(data if isinstance(data, list) else [data], runs):  # one object per run, in order
+            if run.completeness is not None:
+                obj.update(run.completeness.to_dict())
+        return json.dumps(data, indent=2) + "\n"
+    if fmt == "markdown":
+        return f"**{note}**\n\n{text}"
+    if fmt == "csv":
+        return f"# {note}\n{text}"
+    if fmt == "latex":
+        return f"% {note}\n\\noindent\\textbf{{{latex_escape(note)}}}\\par\n{text}"
+    if fmt == "html":
+        banner = f'<p class="partial" role="alert"><strong>{html.escape(note)}</strong></p>'
+        labelled, found = re.subn(r"(<body\b[^>]*>)", lambda m: f"{m.group(1)}\n{banner}", text, count=1)
+        return labelled if found else banner + text
+    raise ValueError(f"unknown report format {fmt!r}; accepted: {', '.join(FORMATS)}")
+
+
+__all__ = ["FORMATS", "RunData", "Settings", "Table", "build_table", "label_partial", "load_run", "render"]

@@ -1,30 +1,23 @@
-"""Matched budgets: two runs may only be ranked when their attacks had the same budget
-(ε, norm, iterations, restarts, EOT draws, queries, certification noise samples)."""
+"""What each attack spent, as counted: classifier and purifier passes (forward and backward) per attempted
+sample and in total, from the record columns the stage writes (``harness.passes``; attack and evaluation
+of each stage, rows = images through the network)."""
 from __future__ import annotations
 
-from .load import RunData
-from .outcomes import budgets
+import pandas as pd
+
+from harness.passes import COUNTS
 
 
-def budget_mismatches(a: RunData, b: RunData) -> list[str]:
-    """Human-readable differences between the attack budgets of two runs (empty when matched)."""
-    ba, bb = budgets(a.records), budgets(b.records)
-    problems = []
-    only_a, only_b = [k for k in ba if k not in bb], [k for k in bb if k not in ba]
-    if only_a or only_b:
-        problems.append(f"attack batteries differ: only in {a.run_id}: {only_a or '-'}; only in {b.run_id}: "
-                        f"{only_b or '-'}")
-    for attack in (k for k in ba if k in bb):
-        for col in sorted(set(ba[attack]) | set(bb[attack])):
-            va, vb = ba[attack].get(col, "missing"), bb[attack].get(col, "missing")
-            if va != vb:
-                problems.append(f"{attack}: {col} = {va} in {a.run_id} but {vb} in {b.run_id}")
-    return problems
-
-
-def budget_summary(run: RunData) -> str:
-    parts = []
-    for attack, budget in budgets(run.records).items():
-        parts.append(f"{attack}(" + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                              for k, v in budget.items()) + ")")
-    return "; ".join(parts) or "no attacks"
+def spent_passes(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per stage (in stage order, indexed by attack name): ``attempted`` samples, the mean of each
+    pass count per attempted sample, and each count's total over the run."""
+    rows = []
+    for (stage, attack), g in records.groupby(["stage", "attack"], sort=True):
+        tried = g[g["attempted"]]
+        row = {"stage": int(stage), "attack": attack, "attempted": int(len(tried))}
+        for col in COUNTS:
+            total = float(tried[col].sum()) if col in tried else float("nan")
+            row[col] = total / len(tried) if len(tried) else 0.0
+            row[f"{col}_total"] = total
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("attack")

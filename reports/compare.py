@@ -1,20 +1,115 @@
 """Text of ``harness compare RUN_A RUN_B``: matched-budget check, paired difference with its
-interval, the exact McNemar p-value, subset rank-flip probability and the planner's n."""
+interval, the exact McNemar p-value, subset rank-flip probability and the planner's n.
+
+Two runs are ranked only when everything that changes attack strength or scoring matches
+(:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the battery
+(its attacks in order and each entry's options, escalations included) and, per attack,
+the record columns :data:`harness.attack.BUDGET_COLUMNS` (ε, norm, iterations, restarts, step size,
+schedule, loss, EOT, gradient mode, queries, noise samples).
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
+
+from harness.attack import BUDGET_COLUMNS
 from harness.paired import compare_outcomes
 from harness.planning import discordance_rate, n_for_difference_paired
+from harness.resolve import RESOLVER_OPTIONS
 from harness.subsets import rank_flip_probability
 
-from .budget import budget_mismatches, budget_summary
-from .load import load_run
+from .load import RunData, load_run
 from .outcomes import CRITERION_TEXT, check_criterion, outcome_table
 
 
 class BudgetMismatchError(ValueError):
     """Raised when two runs with different attack budgets are compared without --allow-mismatch."""
+
+
+def _stages(run: RunData) -> list[str]:
+    """Attack names in stage order (clean excluded)."""
+    r = run.records.drop_duplicates("stage").sort_values("stage")
+    return [str(x) for s, x in zip(r["stage"], r["attack"]) if s != 0]
+
+
+def _attack_budgets(run: RunData) -> dict[str, dict[str, Any]]:
+    """Per attack stage, the value of each budget column (a tuple when it differs between rows)."""
+    out: dict[str, dict[str, Any]] = {}
+    recs = run.records
+    for stage, rows in recs[recs["stage"] != 0].groupby("stage", sort=True):
+        budget: dict[str, Any] = {}
+        for col in BUDGET_COLUMNS:
+            if col not in rows.columns:
+                budget[col] = "missing"
+                continue
+            values = sorted({v.item() if hasattr(v, "item") else v for v in rows[col] if not pd.isna(v)}, key=str)
+            budget[col] = values[0] if len(values) == 1 else tuple(values)
+        out[str(rows["attack"].iloc[0])] = budget
+    return out
+
+
+def _entries(run: RunData) -> dict[str, dict[str, Any]]:
+    """Battery and escalation entries of the config, by name, without their gradient mode and EOT settings:
+    what those resolved to is compared in the records (columns grad_mode, eot), however it was asked for."""
+    out = {}
+    for e in (e for key in ("battery", "escalations") for e in (run.config.get(key) or []) if isinstance(e, dict)):
+        options = {k: v for k, v in (e.get("options") or {}).items() if k not in RESOLVER_OPTIONS}
+        out[str(e.get("name"))] = {**{k: v for k, v in e.items() if k not in ("grad", "eot")}, "options": options}
+    return out
+
+
+def _indices(run: RunData) -> list[int]:
+    planned = run.provenance.get("indices")
+    return sorted(int(i) for i in planned) if planned else sorted(int(i) for i in run.records["index"].unique())
+
+
+def _repeats(run: RunData) -> int:
+    """R: the config's ``eval_repeats``, else the number of predictions stored per sample."""
+    if run.config.get("eval_repeats"):
+        return int(run.config["eval_repeats"])
+    preds = run.records["preds"] if "preds" in run.records.columns else []
+    return max((len(p) for p in preds if p is not None), default=1)
+
+
+def budget_mismatches(a: RunData, b: RunData) -> list[str]:
+    """Human-readable differences in anything that changes attack strength or scoring (empty when matched)."""
+    na, nb = a.run_id, b.run_id
+    problems = []
+    if a.dataset != b.dataset:
+        problems.append(f"dataset = {a.dataset} in {na} but {b.dataset} in {nb}")
+    ia, ib = _indices(a), _indices(b)
+    if ia != ib:
+        shared = len(set(ia) & set(ib))
+        problems.append(f"sample indices differ: {len(ia)} in {na}, {len(ib)} in {nb}, {shared} shared")
+    if _repeats(a) != _repeats(b):
+        problems.append(f"evaluation repeats R = {_repeats(a)} in {na} but {_repeats(b)} in {nb}")
+    sa, sb = _stages(a), _stages(b)
+    only_a, only_b = [k for k in sa if k not in sb], [k for k in sb if k not in sa]
+    if only_a or only_b:
+        problems.append(f"attack batteries differ: only in {na}: {only_a or '-'}; only in {nb}: {only_b or '-'}")
+    elif sa != sb:
+        problems.append(f"attack order differs: {sa} in {na} but {sb} in {nb}")
+    ea, eb = _entries(a), _entries(b)
+    for name in (k for k in sa if k in sb and k in ea and k in eb and ea[k] != eb[k]):
+        problems.append(f"{name}: battery entry {ea[name]} in {na} but {eb[name]} in {nb}")
+    ba, bb = _attack_budgets(a), _attack_budgets(b)
+    for name in (k for k in sa if k in sb):
+        for col in BUDGET_COLUMNS:
+            va, vb = ba[name][col], bb[name][col]
+            if va != vb:
+                problems.append(f"{name}: {col} = {va} in {na} but {vb} in {nb}")
+    return problems
+
+
+def budget_summary(run: RunData) -> str:
+    """The matched settings, for the "Budgets matched" line."""
+    parts = [f"{run.dataset}, {len(_indices(run))} samples, R = {_repeats(run)}"]
+    for attack, budget in _attack_budgets(run).items():
+        parts.append(f"{attack}(" + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                              for k, v in budget.items()) + ")")
+    return "; ".join(parts)
 
 
 def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack_b: str | None = None,
@@ -43,6 +138,9 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
     lines = [f"Comparing {what} accuracy ({CRITERION_TEXT[criterion]}):",
              f"  A = {a.run_id} ({a.defense}): {100 * xa.mean():.1f}% of {len(oa)}",
              f"  B = {b.run_id} ({b.defense}): {100 * xb.mean():.1f}% of {len(ob)}"]
+    lines += [f"WARNING: {key}'s accuracy is only an upper bound (its records skipped samples that still had "
+              "correct draws), so this is not a worst-case ranking"
+              for key, o, col in (("A", oa, attack), ("B", ob, attack_b)) if o.attrs["upper_bound"][col]]
     if problems:
         lines.append("WARNING: attack budgets differ, so this is NOT a like-for-like ranking (shown because "
                      "--allow-mismatch was given):")

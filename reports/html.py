@@ -69,7 +69,7 @@ def render_html(table: Table) -> str:
     parts = [f"<h1>{escape(title)}</h1>", _table_html(table), f"<p>{escape(table.settings.describe() + ' ' + columns_note(table))}</p>",
              f"<p>{escape(planning_note(table))}</p>", _stochastic_html(table), "<h2>Plots</h2>",
              _img(forest_plot(table), "forest plot",
-                  "Accuracy with its bootstrap interval per defense and attack.")]
+                  "Accuracy with its headline interval (method as in the table) per defense and attack.")]
     dists = subset_inputs(table)
     if dists:
         summary = "; ".join(f"{label}: k={d.k} of {d.n_full}, mean {pct(d.mean)}, 95% of subsets in "

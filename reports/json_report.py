@@ -1,4 +1,4 @@
-"""The stable JSON report (issue 2 part 10), one object per run.
+"""The stable JSON report, one object per run.
 
 Schema (fractions in [0, 1])::
 
@@ -6,9 +6,14 @@ Schema (fractions in [0, 1])::
      "criterion": "all" | "majority" | "mean",          # extension: stochastic criterion shown
      "rows": [{"attack": "clean" | <attack name> | "worst-case",
                "accuracy": float, "ci_low": float, "ci_high": float,
-               "ci_method": "bootstrap-bca" | ..., "n": int, "flags": [str, ...],
+               "ci_method": "bootstrap-bca" | "clopper-pearson" | "clopper-pearson-bounds" | "bootstrap-percentile",
+               "n": int, "flags": [str, ...],
+               "upper_bound": bool,                                                # extension
                "wilson_low": float | null, "wilson_high": float | null}]}   # extension
 
+``ci_low``/``ci_high`` are the headline interval of every other format
+(:func:`harness.stats.headline_interval`). ``upper_bound`` is true when the accuracy is only an
+upper bound (the records skipped a sample that still had correct draws; flag ``upper-bound``).
 One run gives one object; several runs give a JSON list of such objects (in argument order).
 """
 from __future__ import annotations
@@ -22,9 +27,9 @@ from .table import Row, Table
 def run_object(row: Row, table: Table) -> dict[str, Any]:
     rows = []
     for name, cell in row.cells.items():
-        rows.append({"attack": name, "accuracy": cell.boot.estimate, "ci_low": cell.boot.low,
-                     "ci_high": cell.boot.high, "ci_method": cell.boot.method, "n": cell.boot.n,
-                     "flags": list(cell.flags),
+        iv = cell.interval
+        rows.append({"attack": name, "accuracy": iv.estimate, "ci_low": iv.low, "ci_high": iv.high,
+                     "ci_method": iv.method, "n": iv.n, "flags": list(cell.flags), "upper_bound": cell.upper_bound,
                      "wilson_low": cell.wilson.low if cell.wilson else None,
                      "wilson_high": cell.wilson.high if cell.wilson else None})
     return {"run": row.run.run_id, "defense": row.label, "dataset": row.run.dataset, "n": row.n,

@@ -1,10 +1,11 @@
-"""LaTeX table (booktabs): cells ``62.1 [57.9, 66.3]`` with the Wilson interval in small type."""
+"""LaTeX table (booktabs): cells ``62.1 BCa[57.9, 66.3]`` with the Wilson interval in small type;
+a less-or-equal sign before an accuracy that is only an upper bound."""
 from __future__ import annotations
 
 from .table import Table, cell_text, columns_note, pct
 
 _ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-            "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+            "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "≤": r"$\le$"}
 
 
 def escape(text: str) -> str:
@@ -15,7 +16,7 @@ def _cell(table: Table, row, column: str) -> str:
     cell = row.cells.get(column)
     if cell is None:
         return "--"
-    text = cell_text(cell, with_wilson=False)
+    text = cell_text(cell, with_wilson=False, le=r"$\le$")
     if cell.wilson is not None:
         text += rf" {{\scriptsize W[{pct(cell.wilson.low)}, {pct(cell.wilson.high)}]}}"
     return text

@@ -25,23 +25,23 @@ def _png(fig: Figure) -> bytes:
 
 
 def forest_plot(table: Table) -> bytes:
-    """Accuracy with its bootstrap interval for every (defense, attack) cell."""
+    """Accuracy with its headline interval (the table's) for every (defense, attack) cell."""
     labels, est, low, high = [], [], [], []
     for row in table.rows:
         for col in table.columns:
             cell = row.cells.get(col)
             if cell is not None:
-                labels.append(f"{row.label} / {col}")
-                est.append(100 * cell.boot.estimate)
-                low.append(100 * cell.boot.low)
-                high.append(100 * cell.boot.high)
+                labels.append(f"{row.label} / {col}" + (" (upper bound)" if cell.upper_bound else ""))
+                est.append(100 * cell.interval.estimate)
+                low.append(100 * cell.interval.low)
+                high.append(100 * cell.interval.high)
     y = np.arange(len(labels))[::-1]
     fig = Figure(figsize=(7, 0.35 * len(labels) + 1.2))
     ax = fig.add_subplot()
     est_a = np.array(est)
     ax.errorbar(est_a, y, xerr=[est_a - np.array(low), np.array(high) - est_a], fmt="o", capsize=3)
     ax.set_yticks(y, labels)
-    ax.set_xlabel(f"accuracy (%) with {table.settings.confidence * 100:g}% bootstrap interval")
+    ax.set_xlabel(f"accuracy (%) with {table.settings.confidence * 100:g}% interval (as in the table)")
     ax.set_xlim(0, 100)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)

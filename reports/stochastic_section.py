@@ -1,11 +1,13 @@
 """Report section for stochastic defenses: worst-case accuracy under the three draw criteria
-(all / majority / mean over draws) side by side, with two-level bootstrap intervals, and the
-between-seed standard deviation when several seeds are recorded."""
+(all / majority / mean over draws) side by side, each exactly as the main table shows it under
+that criterion (same worst case, same headline interval), and the between-seed standard
+deviation when several seeds are recorded."""
 from __future__ import annotations
 
-from harness.stochastic import CRITERIA, CriteriaComparison, compare_criteria
+from harness.criteria import CRITERIA
+from harness.stochastic import CriteriaComparison, compare_criteria
 
-from .table import Table, pct
+from .table import Table, interval_text, pct
 
 HEADER = ["defense", "R", "all draws", "majority", "mean over draws", "draw-dependent samples", "between-seed std"]
 
@@ -24,19 +26,20 @@ def stochastic_rows(table: Table) -> list[tuple[str, CriteriaComparison]]:
 
 def stochastic_cells(label: str, cmp: CriteriaComparison) -> list[str]:
     cells = [label, str(cmp.draws)]
-    for c in CRITERIA:
-        iv = cmp.intervals[c]
-        cells.append(f"{pct(iv.estimate)} [{pct(iv.low)}, {pct(iv.high)}]")
+    cells += [interval_text(cmp.intervals[c], cmp.upper_bound[c]) for c in CRITERIA]
     cells.append(f"{pct(cmp.draw_dependent)}%")
     cells.append("-" if cmp.seed_std is None else f"{pct(cmp.seed_std)} ({len(cmp.seed_accuracies)} seeds)")
     return cells
 
 
-NOTE = ("Stochastic defenses: worst-case accuracy (%) when a sample counts as robust in all R draws, in the "
-        "majority of draws, or by its fraction of robust draws; [low, high] = for mean over draws a two-level "
-        "bootstrap (samples, then draws within samples, percentile); for all/majority the BCa bootstrap over "
-        "samples (resampling draws would bias these all-or-nothing criteria). Draw-dependent samples: share of "
-        "samples whose per-sample robust probability (fraction of robust draws) is strictly between 0 and 1.")
+NOTE = ("Stochastic defenses: worst-case accuracy (%) when a sample counts as robust in all R draws, in more than "
+        "half of them, or by its fraction of robust draws; per stage a sample's score comes from its R draws, and "
+        "its worst case is the lowest score over the clean stage and every attempted attack (the cascade attacks a "
+        "sample while any draw is still correct, so all three are exact worst cases). Each cell equals the main "
+        "table's worst-case cell under that criterion, with the same interval (tag before the brackets: BCa "
+        "bootstrap over samples, or Clopper-Pearson where the bootstrap cannot resolve the tail; ≤: upper bound). "
+        "Draw-dependent samples: share of samples whose worst-case fraction of robust draws is strictly between "
+        "0 and 1.")
 
 
 def stochastic_markdown(table: Table) -> str:

@@ -7,18 +7,23 @@ probability ``draw_p``. Nothing here is used to produce real results.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
+from harness.config import RunConfig
+from harness.criteria import still_attackable, worst_case
+from harness.fingerprint import Fingerprint
+from harness.store import Plan, RunStore
+
 
 def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tuple[str, float]] = (("pgd", 0.6),),
                       draws: int = 1, draw_p: float = 0.9, seed: int = 0, eps: float = 8 / 255, norm: str = "Linf",
                       iterations: int = 100, restarts: int = 1, eot: int = 1, queries: int = 0,
-                      noise_samples: int = 0, nonfinite: int = 0, cascade: bool = True, shards: int = 1,
+                      noise_samples: int = 0, grad_mode: str = "full", step_size: float = 0.0, schedule: str = "",
+                      loss_fn: str = "ce", nonfinite: int = 0, cascade: bool = True, shards: int = 1,
                       latent: np.ndarray | None = None, index_offset: int = 0) -> pd.DataFrame:
     """Long-format records (one row per sample and stage) with the documented record columns."""
     rng = np.random.default_rng(seed)
@@ -49,12 +54,16 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
                 "correct_majority": frac > 0.5, "correct_frac": frac, "finite": bool(finite[i]),
                 "success": bool(stage > 0 and attempted[i] and not correct_draws[i].all()),
                 "loss": float("nan"), "margin": float("nan"), "linf": eps if stage else 0.0, "l2": float("nan"),
-                "time_s": 0.01, "forward_passes": iterations if stage else 1, "backward_passes": iterations if stage else 0,
+                "time_s": 0.01, "classifier_forward": float(iterations + 1 if stage else 1),
+                "classifier_backward": float(iterations if stage else 0), "purifier_forward": 0.0,
+                "purifier_backward": 0.0, "projected": False, "nonfinite_query": False,
                 "eps": eps if stage else 0.0, "norm": norm, "iterations": iterations if stage else 0,
-                "restarts": restarts if stage else 0, "eot": eot if stage else 0, "grad_mode": "full",
-                "queries": queries if stage else 0, "noise_samples": noise_samples, "seed": seed})
+                "restarts": restarts if stage else 0, "eot": eot if stage else 0, "grad_mode": grad_mode if stage else "",
+                "queries": queries if stage else 0, "noise_samples": noise_samples, "step_size": step_size if stage else 0.0,
+                "schedule": schedule if stage else "", "loss_fn": loss_fn if stage else "",
+                "eot_source": "default" if stage else "", "grad_source": "default" if stage else "", "seed": seed})
         if stage:
-            alive &= correct_draws.all(axis=1) & attempted
+            alive &= still_attackable(correct_draws, finite) & attempted  # the runner's cascade rule
         else:
             alive &= correct_draws.all(axis=1)
     return pd.DataFrame(rows)
@@ -63,31 +72,39 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
 def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: str = "cifar10", shards: int = 2,
                         diagnostics: list[dict[str, Any]] | None = None, trace_points: int = 11,
                         **kwargs: Any) -> Path:
-    """Write config.toml, provenance.json, Parquet + JSON shards and diagnostics.json; return the path."""
-    import tomli_w
-
+    """Write a complete run directory through :mod:`harness.store` (format, config, provenance, Parquet + JSON
+    shards, diagnostics); return its path. Provenance marks it ``synthetic``."""
     path = Path(run_dir)
-    (path / "records").mkdir(parents=True, exist_ok=True)
     records = synthetic_records(shards=shards, **kwargs)
-    config = {"defense": {"name": defense}, "dataset": {"name": dataset}, "synthetic": True,
-              "seed": int(kwargs.get("seed", 0))}
-    (path / "config.toml").write_text(tomli_w.dumps(config))
-    (path / "provenance.json").write_text(json.dumps({"synthetic": True}))
-    (path / "diagnostics.json").write_text(json.dumps(diagnostics or []))
+    clean = records[records["stage"] == 0]
+    attacks = [str(a) for a in records.drop_duplicates("stage").sort_values("stage")["attack"]][1:]
+    cfg = RunConfig(defense=defense, dataset=dataset, n=int(len(clean)), seed=int(kwargs.get("seed", 0)),
+                    eps=float(kwargs.get("eps", 8 / 255)), norm=str(kwargs.get("norm", "Linf")),
+                    eot=int(kwargs.get("eot", 1)), every_attack=not kwargs.get("cascade", True), attacks="synthetic",
+                    battery=[{"name": a, "attack": a} for a in attacks], escalate=False, out=str(path.parent),
+                    run_id=path.name, shard_size=max(1, -(-len(clean) // shards)))
+    sizes = [int(v) for v in clean.groupby("shard").size().reindex(range(shards), fill_value=0)]
+    store = RunStore(path)
+    with store.run_lock():
+        store.open(cfg, plan=Plan([int(i) for i in clean["index"]], sizes), fingerprint=Fingerprint(),
+                   info={"synthetic": True, "defense": {"name": defense}, "data_source": "synthetic"})
     for s in range(shards):
         part = records[records["shard"] == s].reset_index(drop=True)
-        part.to_parquet(path / "records" / f"shard-{s:05d}.parquet", index=False)
-        attacks: dict[str, Any] = {}
+        side: dict[str, Any] = {"stages": ["clean", *attacks], "attacks": {}, "diagnostics": []}
+        so_far = worst_case(part, "all")  # robust in all draws at every stage so far: where traces end
         for stage in sorted(part["stage"].unique()):
             rows = part[part["stage"] == stage]
             if stage == 0:
                 continue
             tried = rows[rows["attempted"]]
-            final = float(tried["correct_all"].mean()) if len(tried) else 0.0
+            rows_so_far = np.searchsorted(so_far.index, tried["index"].to_numpy())
+            final = float(so_far.cumulative[rows_so_far, stage].mean()) if len(tried) else 0.0
             # accuracy among the attempted samples decays from 1 to its final value over the iterations
             t = np.linspace(0, 1, trace_points)
             decay = (np.exp(-6 * t) - np.exp(-6)) / (1 - np.exp(-6))  # 1 at the start, exactly 0 at the end
-            attacks[str(rows["attack"].iloc[0])] = {"attempted": int(len(tried)),
-                                                    "acc_trace": list(final + (1 - final) * decay)}
-        (path / "records" / f"shard-{s:05d}.json").write_text(json.dumps({"attacks": attacks, "diagnostics": []}))
+            side["attacks"][str(rows["attack"].iloc[0])] = {"attempted": int(len(tried)),
+                                                            "acc_trace": list(final + (1 - final) * decay)}
+        store.write_shard(s, part, side)
+    with store.run_lock():
+        store.finish(diagnostics or [])
     return path

@@ -1,7 +1,8 @@
 """The report's table model: one row per defense (run), a cell per attack plus worst case.
 
-Each cell carries the bootstrap interval (BCa by default) and, for 0/1 outcomes, the
-Wilson interval beside it. All formats (markdown, latex, csv, json, html) render this model.
+Each cell carries the headline interval (:func:`harness.stats.headline_interval`, its method
+named), for 0/1 outcomes the Wilson interval beside it, and whether the accuracy is only an
+upper bound. All formats (markdown, latex, csv, json, html) render this model.
 """
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.stats import Interval, bootstrap, wilson
+from harness.stats import RESOLVABLE_TAIL, Interval, headline_interval, wilson
 
 from .load import RunData, load_run
-from .outcomes import CRITERION_TEXT, WORST, budgets, check_criterion, eval_draws, outcome_table, stage_flags
+from .outcomes import (CRITERION_TEXT, UPPER_BOUND_FLAG, WORST, budgets, check_criterion, eval_draws, outcome_table,
+                       stage_flags)
+
+# Short names of the interval methods, written before the brackets of every cell: BCa[low, high].
+METHOD_TAGS = {"bootstrap-bca": "BCa", "bootstrap-percentile": "pct", "clopper-pearson": "CP",
+               "clopper-pearson-bounds": "CPb"}
 
 
 @dataclass(frozen=True)
@@ -25,26 +31,32 @@ class Settings:
     confidence: float = 0.95
     seed: int = 0
     n_resamples: int = 10_000
-    method: str = "BCa"
 
     def describe(self) -> str:
         pct = f"{self.confidence * 100:g}%"
-        return (f"Accuracy in % over n samples; [low, high] = {pct} bootstrap interval over samples "
-                f"({self.method}, {self.n_resamples:,} resamples, seed {self.seed}); W[low, high] = {pct} Wilson "
-                f"score interval. Worst-case = clean correct and robust at every attempted attack. "
+        k = RESOLVABLE_TAIL
+        return (f"Accuracy in % over n samples with a {pct} interval over samples: BCa[low, high] = BCa bootstrap "
+                f"({self.n_resamples:,} resamples, seed {self.seed}), used when at least {k} samples score above 0, "
+                f"{k} below 1 and {k} differ from the most common score; otherwise CP[low, high] = exact "
+                f"Clopper-Pearson interval, or for fractional scores CPb[low, high] = Clopper-Pearson bounds (lower "
+                f"end from the samples scoring 1, upper end from those scoring above 0); W[low, high] = {pct} Wilson "
+                f"score interval. A leading ≤ (flag {UPPER_BOUND_FLAG}) marks an upper bound: the records skipped a "
+                f"sample that still had correct draws, so the worst case may be lower. Worst-case = per sample the "
+                f"lowest score over the clean stage and every attempted attack. "
                 f"Stochastic criterion: {CRITERION_TEXT[self.criterion]}.")
 
 
 @dataclass
 class Cell:
     attack: str
-    boot: Interval
-    wilson: Interval | None
+    interval: Interval  # the headline interval; interval.method names its method
+    wilson: Interval | None  # 0/1 outcomes only
     flags: list[str]
+    upper_bound: bool = False  # the accuracy (and interval) may be too high, see harness.criteria
 
     @property
     def accuracy(self) -> float:
-        return self.boot.estimate
+        return self.interval.estimate
 
 
 @dataclass
@@ -70,22 +82,30 @@ class Table:
     settings: Settings
 
 
-def _cell(attack: str, values: np.ndarray, flags: list[str], s: Settings, cache: dict[bytes, Interval]) -> Cell:
+def cell_interval(values: np.ndarray, s: Settings) -> Interval:
+    """The headline interval of a cell's per-sample scores under the report's settings."""
+    return headline_interval(values, confidence=s.confidence, seed=s.seed, n_resamples=s.n_resamples)
+
+
+def _cell(attack: str, values: np.ndarray, flags: list[str], upper_bound: bool, s: Settings,
+          cache: dict[bytes, Interval]) -> Cell:
     key = values.astype(float).tobytes()  # cascade: worst-case often equals the last attack column
     if key not in cache:
-        cache[key] = bootstrap(values, confidence=s.confidence, seed=s.seed, n_resamples=s.n_resamples,
-                               method=s.method)
-    boot = cache[key]
+        cache[key] = cell_interval(values, s)
     binary = bool(np.all((values == 0) | (values == 1)))
     wil = wilson(int(values.sum()), int(values.size), s.confidence) if binary else None
-    return Cell(attack, boot, wil, flags)
+    if upper_bound:
+        flags = [*flags, UPPER_BOUND_FLAG]
+    return Cell(attack, cache[key], wil, flags, upper_bound)
 
 
 def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
     outcomes = outcome_table(run.records, s.criterion, config=run.config)
     flags = stage_flags(run.records, run.diagnostics)
+    bounds = outcomes.attrs["upper_bound"]
     cache: dict[bytes, Interval] = {}
-    cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), s, cache) for name in outcomes.columns}
+    cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), bounds[name], s, cache)
+             for name in outcomes.columns}
     return Row(run=run, label=label or run.defense, n=len(outcomes), draws=eval_draws(run.records), cells=cells,
                outcomes=outcomes, budgets=budgets(run.records), cumulative=outcomes.attrs["cumulative"])
 
@@ -111,11 +131,17 @@ def pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
-def cell_text(cell: Cell | None, with_wilson: bool = True) -> str:
-    """``62.1 [57.9, 66.3] W[57.8, 66.2]`` (percent, one decimal); ``-`` for a missing cell."""
+def interval_text(iv: Interval, upper_bound: bool = False, le: str = "≤") -> str:
+    """``62.1 BCa[57.9, 66.3]`` (percent, one decimal, method tag); ``le`` prefixes an upper bound."""
+    tag = METHOD_TAGS.get(iv.method, iv.method)
+    return f"{le if upper_bound else ''}{pct(iv.estimate)} {tag}[{pct(iv.low)}, {pct(iv.high)}]"
+
+
+def cell_text(cell: Cell | None, with_wilson: bool = True, le: str = "≤") -> str:
+    """``62.1 BCa[57.9, 66.3] W[57.8, 66.2]``; ``-`` for a missing cell."""
     if cell is None:
         return "-"
-    text = f"{pct(cell.boot.estimate)} [{pct(cell.boot.low)}, {pct(cell.boot.high)}]"
+    text = interval_text(cell.interval, cell.upper_bound, le)
     if with_wilson and cell.wilson is not None:
         text += f" W[{pct(cell.wilson.low)}, {pct(cell.wilson.high)}]"
     return text

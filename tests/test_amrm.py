@@ -113,7 +113,12 @@ def test_options_are_validated() -> None:
 
 def test_registered_defense_with_tiny_random_mae() -> None:
     d = create_defense("amrm-pure-mae", mae="random", steps=2, schedule="cosine")
-    assert d.stochastic and d.forward_cost == 3 and d.has_surrogate
+    assert d.stochastic and d.has_surrogate
+    # passes are counted on the MAE (the purifier's network): one per step and image, plus the inner gradient's
+    t = Target(d)
+    t.predict(images())
+    assert t.budget.counts() == {"classifier_forward": 3, "classifier_backward": 0, "purifier_forward": 6,
+                                 "purifier_backward": 6}
     assert set(d.auxiliary_losses(images())) == {"rec"}
 
 

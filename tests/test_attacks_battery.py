@@ -74,11 +74,11 @@ def test_attack_breaks_undefended_model(spec, opts, batch):
         assert (res.x_adv - x).flatten(1).abs().sum(1).max() <= attack.eps + 1e-4
     assert res.x_adv.min() >= 0 and res.x_adv.max() <= 1
     # budget: every attack spends forward passes; gradient-free attacks no backward passes
-    assert target.budget.forward > 0
+    assert target.budget.classifier_forward > 0
     if spec in GRADIENT_FREE:
-        assert target.budget.backward == 0
+        assert target.budget.classifier_backward == 0
     else:
-        assert target.budget.backward > 0
+        assert target.budget.classifier_backward > 0
 
 
 def test_eps_zero_changes_nothing(batch):
@@ -118,9 +118,14 @@ def test_gradient_mode_is_honoured(batch):
     bpda = create_attack("apgd-ce", eps=0.1, steps=10)(Target(d, "bpda"), x, y, seed=0)
     assert full.success.float().mean() <= 1 - clean + 0.15
     assert bpda.success.float().mean() >= 0.9
-    # an attack-level override beats the target's mode (bpda-eot pins BPDA)
-    pinned = create_attack("bpda-eot", eps=0.1, steps=10)(Target(d, "full"), x, y, seed=0)
-    assert pinned.success.float().mean() >= 0.9
+    # bpda-eot declares BPDA fixed: the resolver hands it a BPDA target even when the run says full
+    from harness.presets import AttackSpec
+    from harness.resolve import resolve
+    spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 10})
+    attack = spec.build(0.1, "Linf")
+    r = resolve(spec, attack, stochastic=False, run_grad="full")
+    assert (r.grad_mode, r.grad_source) == ("bpda", "attack")
+    assert attack(Target(d, r.target_grad), x, y, seed=0).success.float().mean() >= 0.9
 
 
 def test_eot_draws_are_spent_and_counted(batch):
@@ -131,27 +136,25 @@ def test_eot_draws_are_spent_and_counted(batch):
     create_attack("apgd-ce", eps=0.0, steps=5)(one, x, y, seed=0)
     create_attack("apgd-ce", eps=0.0, steps=5)(four, x, y, seed=0)
     # eps=0: nothing is ever broken, so both do the same iterations; EOT-4 costs 4x the gradient passes
-    assert four.budget.backward == 4 * one.budget.backward > 0
-    # autoattack-rand uses upstream per-draw EOT (20 by default) only on stochastic defenses
-    rand_s = Target(make("noise-small"))
-    res = create_attack("autoattack-rand", eps=0.0)(rand_s, x, y, seed=0)
-    assert res.extras["eot"] == 20
+    assert four.budget.classifier_backward == 4 * one.budget.classifier_backward > 0
+    # autoattack-rand averages the gradients of target.eot draws per step (upstream's eot_iter)
+    rand_s = Target(make("noise-small"), eot=20)
+    create_attack("autoattack-rand", eps=0.0)(rand_s, x, y, seed=0)
     rand_d = Target(make("plain"))
-    assert create_attack("autoattack-rand", eps=0.0)(rand_d, x, y, seed=0).extras["eot"] == 1
+    create_attack("autoattack-rand", eps=0.0)(rand_d, x, y, seed=0)
     # nothing breaks at eps=0: APGD-CE and APGD-DLR each run 100 iterations (+1 initial gradient)
-    assert rand_d.budget.backward == 2 * 101 * x.shape[0]
-    assert rand_s.budget.backward == 20 * rand_d.budget.backward
+    assert rand_d.budget.classifier_backward == 2 * 101 * x.shape[0]
+    assert rand_s.budget.classifier_backward == 20 * rand_d.budget.classifier_backward
 
 
 def test_square_scores_queries_over_draws(batch):
     x, y = batch
     x, y = x[:8], y[:8]
-    t = Target(make("noise"))
-    res = create_attack("square", eps=0.0, queries=10, draws=3)(t, x, y, seed=0)
+    t = Target(make("noise"), eot=3)
+    res = create_attack("square", eps=0.0, queries=10)(t, x, y, seed=0)
     q = res.extras["queries"]
-    assert res.extras["draws"] == 3
     # every query row costs 3 forward passes (plus the final 3-draw evaluation of each sample)
-    assert t.budget.forward == round(3 * q * x.shape[0]) + 3 * x.shape[0]
+    assert t.budget.classifier_forward == round(3 * q * x.shape[0]) + 3 * x.shape[0]
 
 
 def test_rays_counts_queries_and_is_hard_label(batch):
@@ -170,19 +173,19 @@ def test_transfer_uses_the_undefended_classifier(batch):
     assert res.extras["surrogate_success"] >= 0.9
 
 
-def test_counted_module_charges_each_backward_pass():
-    from attacks._thirdparty import CountedModule
+def test_target_module_charges_each_backward_pass():
+    """What third-party attacks get (target.as_module()): every backward pass through one forward is counted."""
     t = Target(make("plain"))
-    m = CountedModule(t)
+    m = t.as_module()
     x = torch.rand(4, 3, 8, 8, requires_grad=True)
     out = m(x)
-    assert t.budget.forward == 4 and t.budget.backward == 0
+    assert t.budget.classifier_forward == 4 and t.budget.classifier_backward == 0
     for k in range(3):
         out[:, k].sum().backward(retain_graph=True)
-    assert t.budget.backward == 12
+    assert t.budget.classifier_backward == 12
     with torch.no_grad():
         m(x)
-    assert t.budget.forward == 8 and t.budget.backward == 12
+    assert t.budget.classifier_forward == 8 and t.budget.classifier_backward == 12
 
 
 def test_nonfinite_logits_count_as_success():
@@ -209,12 +212,13 @@ def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
     cols = {}
     for kind in ("plain", "noise-small"):
         _, cols[kind], _ = run_stage(1, spec, spec.build(0.0, "Linf"), make(kind), x, y, torch.ones(4, dtype=torch.bool),
-                                     grad="full", eot=1, repeats=1, run_seed=0, shard=0, batch_size=4)
-        assert cols[kind]["grad_mode"] == "bpda"
+                                     grad="full", eot=None, repeats=1, run_seed=0, shard=0, batch_size=4)
+        assert (cols[kind]["grad_mode"], cols[kind]["grad_source"]) == ("bpda", "attack")
+        assert cols[kind]["eot_source"] == "default"
     assert cols["plain"]["eot"] == 1 and cols["noise-small"]["eot"] == 20
-    for col in ("forward_passes", "backward_passes"):
-        assert (cols["plain"][col] > 0).all()
-        assert (cols["noise-small"][col] == 20 * cols["plain"][col]).all()
+    # the attack's passes (the stage's evaluation adds one forward pass per sample on top)
+    assert (cols["plain"]["classifier_backward"] > 0).all()
+    assert (cols["noise-small"]["classifier_backward"] == 20 * cols["plain"]["classifier_backward"]).all()
 
 
 def test_third_party_output_goes_to_logging_not_stdout(batch, capsys):

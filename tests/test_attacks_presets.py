@@ -5,8 +5,9 @@ import pytest
 
 from attacks import list_attacks
 from harness.presets import PRESET_DIR, list_presets, resolve_battery
+from harness.resolve import resolve
 
-PRESETS = ("quick", "standard", "adaptive", "full")
+PRESETS = ("quick", "standard", "adaptive", "full", "rand")
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -25,10 +26,20 @@ def test_preset_loads_builds_and_is_documented(name):
 def test_adaptive_runs_the_adaptive_configuration_cheapest_first():
     specs = {s.name: s for s in resolve_battery("adaptive")}
     assert list(specs) == ["transfer", "bpda-eot", "pgd200-eot20", "square"]
-    assert specs["bpda-eot"].grad == "bpda" and specs["pgd200-eot20"].grad == "full"
-    pgd = specs["pgd200-eot20"].build(8 / 255, "Linf")
-    assert pgd.steps == 200 and pgd.eot == 20
-    assert specs["square"].build(8 / 255, "Linf").draws == 8
+    assert specs["pgd200-eot20"].build(8 / 255, "Linf").steps == 200
+    # what each entry runs with, resolved as the harness does (EOT only on stochastic defenses)
+    stoch = {n: resolve(s, s.build(8 / 255, "Linf"), stochastic=True) for n, s in specs.items()}
+    det = {n: resolve(s, s.build(8 / 255, "Linf"), stochastic=False) for n, s in specs.items()}
+    assert {n: (r.grad_mode, r.eot) for n, r in stoch.items()} == {
+        "transfer": ("none", 1), "bpda-eot": ("bpda", 20), "pgd200-eot20": ("full", 20), "square": ("none", 8)}
+    assert {n: (r.grad_mode, r.eot) for n, r in det.items()} == {
+        "transfer": ("none", 1), "bpda-eot": ("bpda", 1), "pgd200-eot20": ("full", 1), "square": ("none", 1)}
+
+
+def test_rand_is_autoattack_rand_as_two_stages():
+    specs = resolve_battery("rand")
+    assert [(s.name, s.build(8 / 255, "Linf").loss) for s in specs] == [("apgd-ce", "ce"), ("apgd-dlr", "dlr")]
+    assert all(resolve(s, s.build(8 / 255, "Linf"), stochastic=True).eot == 20 for s in specs)
 
 
 def test_full_covers_every_attack_family():

@@ -20,7 +20,7 @@ PGD_NO_START = AttackSpec("pgd", "pgd", {"steps": 20, "random_start": False})
 def stage(defense: Defense, spec: AttackSpec, *, eps: float = 0.1, eot: int = 1, stage_no: int = 1, before=None):
     x, y = attack_batch(32)
     rb = torch.ones(len(x), dtype=torch.bool) if before is None else before
-    outcome, _, _ = run_stage(stage_no, spec, spec.build(eps, "Linf"), defense, x, y, rb, grad="full", eot=eot,
+    outcome, _, _ = run_stage(stage_no, spec, spec.build(eps, "Linf"), defense, x, y, rb, grad=None, eot=eot,
                               repeats=5 if defense.stochastic else 1, run_seed=0, shard=0, batch_size=64)
     return outcome, diagnostics.after_stage(outcome)
 
@@ -64,6 +64,36 @@ def test_quantizing_purifier_zero_gradients_and_masking():
     assert flag.value == 1.0 and flag.remedy and flag.attack == "pgd"
 
 
+def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
+    """A defense that supplies its own surrogate gradient: a masking flag also escalates to PGD+EOT through it."""
+    from helpers_attacks import Quantize
+
+    def with_surrogate(stochastic: bool) -> Defense:
+        return Defense(tiny_cnn(), Quantize(), num_classes=NUM_CLASSES, surrogate=lambda z: z.clamp(0, 1),
+                       stochastic=stochastic, name="quantize-surrogate")
+
+    _, flags = stage(with_surrogate(False), PGD_NO_START)
+    assert escalated(flags, "zero-grad") == ["esc-bpda-eot", "esc-pgd-surrogate"]
+    spec = AttackSpec.from_dict(next(e for f in flags for e in f.escalate if e["name"] == "esc-pgd-surrogate"))
+    assert spec.options["grad"] == "surrogate" and "eot" not in spec.options  # EOT 1: deterministic defense
+    spec.options["steps"] = 10  # a cheaper run of the same escalation
+    x, y = attack_batch(32)
+    outcome, cols, _ = run_stage(2, spec, spec.build(0.1, "Linf"), with_surrogate(False), x, y,
+                                 torch.ones(len(x), dtype=torch.bool), grad="full", eot=None, repeats=1, run_seed=0,
+                                 shard=0, batch_size=64)
+    assert (cols["grad_mode"], cols["grad_source"]) == ("surrogate", "attack-option")
+    assert outcome.robust_after.float().mean() < 0.5  # the surrogate gradient works where the exact one is zero
+    # on a stochastic defense the escalation carries EOT (at least 20 draws); none once the surrogate was used
+    from harness import escalation
+    from harness.flags import FlagCode
+    specs = escalation.rules(FlagCode.ZERO_GRAD, spec=PGD, attack=PGD.build(0.1, "Linf"), has_purifier=True,
+                             grad_mode="full", stochastic=True, has_aux=False, has_surrogate=True, eot=1)
+    assert specs[-1]["name"] == "esc-pgd-surrogate" and specs[-1]["options"]["eot"] == 20
+    assert not any("surrogate" in s["name"] for s in escalation.rules(
+        FlagCode.ZERO_GRAD, spec=PGD, attack=PGD.build(0.1, "Linf"), has_purifier=True, grad_mode="surrogate",
+        stochastic=True, has_aux=False, has_surrogate=True, eot=20))
+
+
 def test_quantizing_purifier_bpda_is_silent():
     """Under BPDA the same defense is attacked properly: no masking flags."""
     spec = AttackSpec("pgd", "pgd", {"steps": 20}, grad="bpda")
@@ -85,7 +115,8 @@ def test_randomized_purifier_with_too_few_eot_draws():
     names = escalated(flags, "eot-disagree")
     assert len(names) == 1 and names[0].startswith("esc-pgd-eot")
     spec = next(e for f in flags if f.code == "eot-disagree" for e in f.escalate)
-    assert spec["eot"] >= 4 and spec["options"]["eot"] == spec["eot"]
+    # more draws as a per-attack option: it outranks the run's --eot (harness.resolve)
+    assert spec["options"]["eot"] >= 4 and "eot" not in spec
     assert "identity-jacobian" not in codes(flags)  # zero-mean noise: the identity Jacobian is exact, not a flaw
 
 
@@ -144,10 +175,11 @@ def test_escalation_drops_specs_that_cannot_build():
     from attacks import create_attack
     from harness import escalation
 
-    aa = create_attack("autoattack-standard", eps=0.1)  # upstream's iterations are fixed: no `steps` option
+    aa = create_attack("autoattack-standard", eps=0.1)  # upstream's iterations are fixed: no effort option
     spec = SimpleNamespace(name="aa", attack="autoattack-standard", options={}, grad=None, eot=None)
-    specs = escalation.more_iterations(spec, aa)
-    assert specs and escalation.buildable(specs, 0.1, "Linf") == []
+    assert aa.capabilities.effort_option is None and escalation.more_iterations(spec, aa) == []
+    bad = [{"name": "esc-x", "attack": "autoattack-standard", "options": {"steps": 400}}]
+    assert escalation.buildable(bad, 0.1, "Linf") == []
     ok = escalation.more_iterations(SimpleNamespace(name="p", attack="pgd", options={}, grad=None, eot=None),
                                     create_attack("pgd", steps=10))
     assert escalation.buildable(ok, 0.1, "Linf") == ok and ok[0]["options"]["steps"] == 40
@@ -169,7 +201,7 @@ def test_chunked_stage_and_pinned_gradient_mode():
     outcome, _, _ = run_stage(1, spec, spec.build(0.03, "Linf"), make("quantize"), x, y,
                               torch.ones(len(x), dtype=torch.bool), grad="full", eot=1, repeats=1, run_seed=0,
                               shard=0, batch_size=8)
-    assert isinstance(outcome.result.extras["eot"], list)
+    assert outcome.target.grad_mode == "bpda" and isinstance(outcome.result.extras["acc_trace"], list)
     assert outcome.robust_after.any()
     flags = diagnostics.after_stage(outcome)
     assert not codes(flags) & {"zero-grad", "masking-large-eps"}

@@ -99,6 +99,6 @@ def test_surrogate_and_bpda_modes_run_and_differ_from_full() -> None:
         target = Target(defense, mode)
         loss, grads[mode], logits = target.value_and_grad(x, y, cross_entropy)
         assert torch.isfinite(grads[mode]).all() and gradient_health(grads[mode])["zero_frac"] == 0.0
-        assert target.budget.backward == 4
+        assert target.budget.classifier_backward == 4
     # all three see the same forward pass; the surrogate backward differs from identity-like full/bpda
     assert (grads["surrogate"] - grads["full"]).abs().max() > 1e-6

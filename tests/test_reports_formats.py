@@ -21,7 +21,7 @@ from reports.synthetic import synthetic_records, write_synthetic_run
 from reports.table import Settings, build_table
 
 GOLDEN = Path(__file__).parent / "golden"
-DIAG = [{"code": "gradient-masking", "attack": "apgd-ce", "message": "loss flat", "remedy": "use bpda",
+DIAG = [{"code": "loss-flat", "attack": "apgd-ce", "message": "loss flat", "remedy": "use bpda",
          "value": 0.0, "escalated": False}]
 
 
@@ -66,13 +66,15 @@ def test_json_schema_and_values(runs: list[Path]) -> None:
         assert set(row) >= {"attack", "accuracy", "ci_low", "ci_high", "ci_method", "n", "flags"}
         assert 0 <= row["ci_low"] <= row["accuracy"] <= row["ci_high"] <= 1
         assert row["wilson_low"] <= row["accuracy"] <= row["wilson_high"]
-        assert row["ci_method"] == "bootstrap-bca" and row["n"] == 64
+        k = round(row["accuracy"] * 64)  # the headline rule: BCa only with >= 20 robust and >= 20 not robust
+        assert row["ci_method"] == ("bootstrap-bca" if min(k, 64 - k) >= 20 else "clopper-pearson") and row["n"] == 64
+        assert row["upper_bound"] is False
     by = {r["attack"]: r for r in one["rows"]}
     last = recs[recs.stage == 2]
     assert by["apgd-t"]["accuracy"] == pytest.approx((last.correct_all & last.attempted & last.finite).mean())
     assert "non-finite-logits" in by["apgd-t"]["flags"] and "non-finite-logits" not in by["clean"]["flags"]
-    assert "gradient-masking" in by["apgd-ce"]["flags"] and "gradient-masking" not in by["apgd-t"]["flags"]
-    assert set(by["worst-case"]["flags"]) == {"gradient-masking", "non-finite-logits"}
+    assert "loss-flat" in by["apgd-ce"]["flags"] and "loss-flat" not in by["apgd-t"]["flags"]
+    assert set(by["worst-case"]["flags"]) == {"loss-flat", "non-finite-logits"}
 
 
 def _tiny_records() -> pd.DataFrame:
@@ -150,7 +152,7 @@ def test_claim_cli(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     assert "NOT SUPPORTED" in out and "(n = 1000)" in out and "Paired on the same samples (discordance 0.2)" in out
     assert main(["claim", "--a", "162", "--b", "5", "--n", "512"]) == 2
-    assert "percent between 0 and 100" in capsys.readouterr().err
+    assert "argument --a: must be a finite number in [0, 100] (percent), got 162" in capsys.readouterr().err
 
 
 def test_compare_cli_matched_and_mismatched(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -185,7 +187,9 @@ def test_compare_cli_unpaired_and_battery_mismatch(tmp_path: Path, capsys: pytes
     a = write_synthetic_run(tmp_path / "a", n=200, robust=[("pgd", 0.5)], seed=1)
     shifted = write_synthetic_run(tmp_path / "s", n=200, robust=[("pgd", 0.5)], seed=2, index_offset=100)
     other = write_synthetic_run(tmp_path / "o", n=200, robust=[("square", 0.5)], seed=2)
-    assert main(["compare", str(a), str(shifted), "--resamples", "1000"]) == 0
+    assert main(["compare", str(a), str(shifted), "--resamples", "1000"]) == 3  # different samples: not matched
+    assert "sample indices differ: 200 in a, 200 in s, 100 shared" in capsys.readouterr().err
+    assert main(["compare", str(a), str(shifted), "--resamples", "1000", "--allow-mismatch"]) == 0
     out = capsys.readouterr().out
     assert "different samples (200 and 200 samples, 100 shared)" in out and "two-proportion z-test" in out
     assert main(["compare", str(a), str(other)]) == 3

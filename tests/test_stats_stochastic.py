@@ -1,62 +1,63 @@
-"""Stochastic defenses: draw-level analysis and the two-level bootstrap (issue 4 part 3)."""
+"""Stochastic defenses: the three criteria side by side, their intervals and the between-seed spread."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from harness.stochastic import between_seed_std, compare_criteria, draw_matrix, robust_probability, score, two_level_bootstrap
+from harness.criteria import worst_case
+from harness.stats import headline_interval
+from harness.stochastic import between_seed_std, compare_criteria
 from reports.synthetic import synthetic_records
 
 
-def test_criteria_order_and_draw_matrix() -> None:
+def test_criteria_side_by_side_match_the_worst_case() -> None:
     recs = synthetic_records(n=300, clean=0.9, robust=[("pgd", 0.6)], draws=10, draw_p=0.8, seed=0)
-    m = draw_matrix(recs)
-    assert m.shape == (300, 10)
-    all_, maj, mean = (score(m, c).mean() for c in ("all", "majority", "mean"))
-    assert all_ <= mean <= maj  # with mostly-robust samples, majority is the most lenient
-    assert all_ < maj - 0.2  # the criteria differ a lot at draw_p = 0.8 (0.8**10 = 0.11)
-    prob = robust_probability(m)
-    assert prob.min() >= 0 and prob.max() <= 1 and prob.mean() == pytest.approx(mean)
-    # agrees with the record-level flags for the worst case
-    cascade_worst = recs[recs.stage == 1].sort_values("index")
-    assert np.array_equal(score(m, "all"), (cascade_worst.correct_all & cascade_worst.attempted).to_numpy(float))
+    cmp = compare_criteria(recs, n_resamples=1_000)
+    acc = {c: iv.estimate for c, iv in cmp.intervals.items()}
+    assert acc["all"] <= acc["mean"] <= acc["majority"]  # with mostly-robust samples, majority is the most lenient
+    assert acc["all"] < acc["majority"] - 0.2  # the criteria differ a lot at draw_p = 0.8 (0.8**10 = 0.11)
+    assert cmp.draws == 10 and not any(cmp.upper_bound.values())
+    for c, iv in cmp.intervals.items():
+        assert iv == headline_interval(worst_case(recs, c).worst, n_resamples=1_000)
+    mean = worst_case(recs, "mean").worst
+    assert cmp.draw_dependent == pytest.approx(np.mean((mean > 0) & (mean < 1)))
+    # agrees with the record-level flags for the worst case (deterministic clean stage, one attack)
+    last = recs[recs.stage == 1].sort_values("index")
+    assert np.array_equal(worst_case(recs, "all").worst, (last.correct_all & last.attempted).to_numpy(float))
 
 
-def test_two_level_bootstrap_is_wider_than_sample_only_and_covers() -> None:
-    from harness.stats import bootstrap
-
+def test_interval_of_fractional_scores_covers() -> None:
+    # per-sample robust probability q, R = 5 draws: the interval over samples of the fractions covers
+    # the mean robust probability (a sample's fraction carries its draw noise, so one level suffices)
     rng = np.random.default_rng(0)
-    q = rng.uniform(size=400)  # per-sample robust probability
-    covered, two_level_w, sample_only_w = 0, [], []
+    q = rng.uniform(size=400)
     sims = 150
+    covered = 0
     for i in range(sims):
-        draws = (rng.random((400, 5)) < q[:, None]).astype(float)
-        iv = two_level_bootstrap(draws, "mean", n_resamples=1_000, seed=i)
+        frac = rng.binomial(5, q) / 5
+        iv = headline_interval(frac, n_resamples=1_000, seed=i)
         covered += iv.contains(q.mean())
-        two_level_w.append(iv.half_width)
-        sample_only_w.append(bootstrap(robust_probability(draws), n_resamples=1_000, seed=i,
-                                       method="percentile").half_width)
-    # covers the mean robust probability of these samples (draw noise is the only randomness here)
     assert covered / sims >= 0.93
-    # resampling the draws again on top of the samples adds the within-sample draw variance a second time:
-    # the two-level interval is wider (conservative) than resampling the per-sample fractions only
-    assert np.mean(two_level_w) > 1.05 * np.mean(sample_only_w)
-    assert iv.method == "two-level-bootstrap-percentile"
+    assert iv.method == "bootstrap-bca"
 
 
 def test_between_seed_std_and_comparison() -> None:
-    import pandas as pd
     u = np.random.default_rng(0).uniform(size=200)
     recs = pd.concat([synthetic_records(n=200, robust=[("pgd", 0.6)], draws=4, seed=s, latent=u) for s in (1, 2, 3)])
     per_seed, std = between_seed_std(recs)
     assert sorted(per_seed) == [1, 2, 3] and std is not None and std >= 0
     cmp = compare_criteria(recs, n_resamples=1_000)
-    assert cmp.draws == 12  # 3 seeds x 4 draws side by side
+    assert cmp.draws == 4 and cmp.seed_accuracies == per_seed
     assert set(cmp.intervals) == {"all", "majority", "mean"}
-    for iv in cmp.intervals.values():
+    for c, iv in cmp.intervals.items():
         assert iv.low <= iv.estimate <= iv.high
+        # several seeds are several runs of the battery: the worst case is over all of them
+        per = [worst_case(recs[recs.seed == s], c).worst for s in (1, 2, 3)]
+        assert np.array_equal(worst_case(recs, c).worst, np.minimum.reduce(per))
 
 
 def test_unknown_criterion() -> None:
-    with pytest.raises(ValueError, match="accepted: all, majority, mean"):
-        score(np.ones((2, 2)), "any")
+    recs = synthetic_records(n=20, seed=0)
+    with pytest.raises(ValueError, match="unknown criterion 'any'; accepted: all, majority, mean"):
+        worst_case(recs, "any")

@@ -52,9 +52,9 @@ def _build(name: str, mae: str | Path, *, steps: int, step_size: float, schedule
     model.requires_grad_(False)
     purifier = AMRMPurifier(model, steps=steps, step_size=step_size, schedule=schedule, eta=eta, mask_ratio=mask_ratio,
                             masks_per_step=masks_per_step, surrogate=surrogate, tau=tau, method=method, segment=segment)
-    classifier, num_classes = classifier_from_options(**classifier_options)
-    return Defense(classifier, purifier, num_classes=num_classes, stochastic=True,
-                   forward_cost=steps * masks_per_step + 1, name=f"{name}-S{steps}")
+    c = classifier_from_options(**classifier_options)
+    return Defense(c.model, purifier, num_classes=c.num_classes, stochastic=True, trained_on=c.trained_on,
+                   name=f"{name}-S{steps}")
 
 
 @register_defense("amrm-pure-mae")

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from harness import atomic
+
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
 from .train import (_batch, _lr, add_loop_arguments, batch_index, load_cifar10_train, recipe_main, recipe_paths,
                     resume, save_weights)
@@ -69,9 +71,9 @@ def finetune(args: argparse.Namespace) -> dict:
                 "command": command, "recipe": "R-AMRM-Pure fine-tuning (defenses/amrm_pure/finetune.py)"}
 
     def checkpoint(loss_ema: float | None) -> None:
-        torch.save({"model": mae.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history},
-                   state_path.with_suffix(".tmp"))
-        state_path.with_suffix(".tmp").replace(state_path)
+        with atomic.atomic_path(state_path) as tmp:
+            torch.save({"model": mae.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history},
+                       tmp)
         save_weights(mae, out, record(loss_ema))
 
     loss_ema = history[-1][1] if history else None

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from harness import atomic
 from harness.data import load_split
 
 if TYPE_CHECKING:
@@ -69,10 +70,9 @@ PRESET_NAMES = ("tiny", "small", "base")  # defenses.amrm_pure.mae.MAE_PRESETS; 
 def save_weights(model: "MaskedAutoencoder", out: Path, record: dict) -> None:
     """State dict only (float32) at ``out``; architecture and training record next to it as JSON."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    torch.save({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp)
-    tmp.replace(out)
-    sidecar_path(out).write_text(json.dumps({"config": model.config.to_dict(), **record}, indent=2) + "\n")
+    with atomic.atomic_path(out) as tmp:
+        torch.save({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp)
+    atomic.write_text(sidecar_path(out), json.dumps({"config": model.config.to_dict(), **record}, indent=2) + "\n")
 
 
 def resume(state_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, *,
@@ -121,9 +121,9 @@ def train(args: argparse.Namespace) -> dict:
                 "dataset": "cifar10-train", "images": int(images.shape[0])}
 
     def checkpoint(loss_ema: float | None) -> None:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
-                    "config": config.to_dict()}, state_path.with_suffix(".tmp"))
-        state_path.with_suffix(".tmp").replace(state_path)
+        with atomic.atomic_path(state_path) as tmp:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
+                        "config": config.to_dict()}, tmp)
         save_weights(model, out, record(loss_ema))
 
     model.train()

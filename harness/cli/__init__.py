@@ -1,6 +1,11 @@
 """The ``harness`` command. Each subcommand lives in its own module in this package and
 exposes ``add_parser(subparsers)``; the parser it adds sets ``func(args) -> int``.
-Modules are discovered automatically, so a new subcommand needs no edit here."""
+Modules are discovered automatically, so a new subcommand needs no edit here.
+
+Errors end in one line on stderr (exit status 2): a :class:`~harness.errors.HarnessError` as its
+message; an exception raised in the user's own file (a factory, a plugin) with that file and line;
+anything else with its type and a hint to rerun with ``-v``, which prints the full traceback first.
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +13,10 @@ import importlib
 import logging
 import pkgutil
 import sys
+import traceback
 from typing import Sequence
 
-from harness.registry import RegistryError
+from harness.errors import HarnessError, one_line, user_frame
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,18 +30,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_line(exc: BaseException) -> str:
+    """The one-line report of ``exc``: where in the user's code it was raised, if it was."""
+    if isinstance(exc, HarnessError):
+        return one_line(exc)
+    where = user_frame(exc)
+    if where is not None:
+        return f"in your code at {where.filename}:{where.lineno} (in {where.name}): {type(exc).__name__}: {one_line(exc)}"
+    # ValueError is the harness's convention for rejected input; other types name themselves
+    text = one_line(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {one_line(exc)}"
+    return f"{text} (run with -v for the traceback)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed usage and the error (or the help)
+        return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(level=logging.WARNING - 10 * args.verbose, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (RegistryError, ValueError, FileNotFoundError, TypeError, RuntimeError) as exc:
-        print(f"harness {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"harness {args.command}: interrupted; finished shards are kept, run the same command again to resume",
-              file=sys.stderr)
+        kept = "; finished shards are kept, run the same command again to resume" if args.command == "run" else ""
+        print(f"harness {args.command}: interrupted{kept}", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if args.verbose:
+            traceback.print_exc(file=sys.stderr)
+        print(f"harness {args.command}: error: {error_line(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

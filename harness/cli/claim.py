@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import argparse
 
+from harness.cli.argtypes import COUNT, FRACTION, PERCENT, PROBABILITY
+from harness.errors import UsageError
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("claim", help="check whether a published accuracy difference is supported by its n",
                               description="Check a published claim 'A beats B' from the two accuracies (in %) and "
                                           "the number of test samples. No run needed.")
-    p.add_argument("--a", type=float, required=True, help="accuracy of A in percent (e.g. 62.13)")
-    p.add_argument("--b", type=float, required=True, help="accuracy of B in percent (e.g. 55.76)")
-    p.add_argument("--n", type=int, required=True, help="number of test samples behind A (and B unless --n-b)")
-    p.add_argument("--n-b", type=int, default=None, help="number of test samples behind B if different")
-    p.add_argument("--confidence", type=float, default=0.95, help="interval confidence level (default 0.95)")
-    p.add_argument("--alpha", type=float, default=0.05, help="test level (default 0.05)")
-    p.add_argument("--power", type=float, default=0.8, help="power for the sample-size answer (default 0.8)")
-    p.add_argument("--discordance", type=float, default=None,
+    p.add_argument("--a", type=PERCENT, required=True, help="accuracy of A in percent (e.g. 62.13)")
+    p.add_argument("--b", type=PERCENT, required=True, help="accuracy of B in percent (e.g. 55.76)")
+    p.add_argument("--n", type=COUNT, required=True, help="number of test samples behind A (and B unless --n-b)")
+    p.add_argument("--n-b", type=COUNT, default=None, help="number of test samples behind B if different")
+    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence level (default 0.95)")
+    p.add_argument("--alpha", type=PROBABILITY, default=0.05, help="test level (default 0.05)")
+    p.add_argument("--power", type=PROBABILITY, default=0.8, help="power for the sample-size answer (default 0.8)")
+    p.add_argument("--discordance", type=FRACTION, default=None,
                    help="assumed fraction of samples on which A and B disagree, for the paired sample size "
                         "(measure it with `harness compare`)")
     p.set_defaults(func=run)
@@ -28,9 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _count(pct_value: float, n: int, name: str) -> tuple[int, str | None]:
     if not 0 <= pct_value <= 100:
-        raise ValueError(f"--{name} must be an accuracy in percent between 0 and 100, got {pct_value}")
+        raise UsageError(f"--{name} must be an accuracy in percent between 0 and 100, got {pct_value}")
     if n <= 0:
-        raise ValueError(f"sample count for {name.upper()} must be positive, got {n}")
+        raise UsageError(f"sample count for {name.upper()} must be positive, got {n}")
     exact = pct_value / 100 * n
     k = int(round(exact))
     note = None
@@ -87,6 +90,7 @@ def claim_text(a: float, b: float, n_a: int, n_b: int, *, confidence: float = 0.
 
 
 def run(args: argparse.Namespace) -> int:
-    print(claim_text(args.a, args.b, args.n, args.n_b or args.n, confidence=args.confidence, alpha=args.alpha,
+    n_b = args.n if args.n_b is None else args.n_b
+    print(claim_text(args.a, args.b, args.n, n_b, confidence=args.confidence, alpha=args.alpha,
                      power=args.power, discordance=args.discordance), end="")
     return 0

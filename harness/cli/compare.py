@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("compare", help="paired comparison of two runs (difference, interval, McNemar p)",
@@ -22,10 +24,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--criterion", default="all", choices=("all", "majority"),
                    help="stochastic defenses: robust in all R draws (default) or in the majority")
     p.add_argument("--allow-mismatch", action="store_true", help="compare even if the attack budgets differ")
-    p.add_argument("--confidence", type=float, default=0.95, help="interval confidence level (default 0.95)")
-    p.add_argument("--alpha", type=float, default=0.05, help="McNemar test level (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence level (default 0.95)")
+    p.add_argument("--alpha", type=PROBABILITY, default=0.05, help="McNemar test level (default 0.05)")
+    p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--resamples", type=RESAMPLES, default=10_000, help="bootstrap resamples, at least 1000 (default 10000)")
     p.set_defaults(func=run)
 
 

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import argparse
 
+from harness.cli.argtypes import FRACTION, PERCENT, POINTS, PROBABILITY
+from harness.errors import UsageError
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="sample sizes for a target interval width or a detectable difference",
                               description="Sample-size planner. Accuracies and widths are in percentage points.")
-    p.add_argument("--accuracy", type=float, help="expected accuracy in percent, for --half-width")
-    p.add_argument("--half-width", type=float, help="target 95%% interval half-width in points (e.g. 1 for ±1)")
-    p.add_argument("--a", type=float, help="expected accuracy of defense A in percent")
-    p.add_argument("--b", type=float, help="expected accuracy of defense B in percent")
-    p.add_argument("--discordance", type=float, default=None,
+    p.add_argument("--accuracy", type=PERCENT, help="expected accuracy in percent, for --half-width")
+    p.add_argument("--half-width", type=POINTS, help="target 95%% interval half-width in points (e.g. 1 for ±1)")
+    p.add_argument("--a", type=PERCENT, help="expected accuracy of defense A in percent")
+    p.add_argument("--b", type=PERCENT, help="expected accuracy of defense B in percent")
+    p.add_argument("--discordance", type=FRACTION, default=None,
                    help="fraction (0-1) of samples on which A and B disagree, for the paired n "
                         "(`harness compare` measures it)")
-    p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default 0.95)")
-    p.add_argument("--alpha", type=float, default=0.05, help="test level (default 0.05)")
-    p.add_argument("--power", type=float, default=0.8, help="power (default 0.8)")
+    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence (default 0.95)")
+    p.add_argument("--alpha", type=PROBABILITY, default=0.05, help="test level (default 0.05)")
+    p.add_argument("--power", type=PROBABILITY, default=0.8, help="power (default 0.8)")
     p.set_defaults(func=run)
 
 
@@ -31,12 +34,12 @@ def run(args: argparse.Namespace) -> int:
     lines = []
     if args.half_width is not None or args.accuracy is not None:
         if args.half_width is None or args.accuracy is None:
-            raise ValueError("--accuracy and --half-width go together (e.g. --accuracy 60 --half-width 1)")
+            raise UsageError("--accuracy and --half-width go together (e.g. --accuracy 60 --half-width 1)")
         n = n_for_half_width(args.accuracy / 100, args.half_width / 100, args.confidence)
         lines.append(f"±{args.half_width:g} points at {args.accuracy:g}% accuracy ({args.confidence:.0%} Wilson): n = {n}")
     if args.a is not None or args.b is not None:
         if args.a is None or args.b is None:
-            raise ValueError("--a and --b go together (e.g. --a 62 --b 58)")
+            raise UsageError("--a and --b go together (e.g. --a 62 --b 58)")
         pa, pb = args.a / 100, args.b / 100
         n = n_for_difference_unpaired(pa, pb, alpha=args.alpha, power=args.power)
         lines.append(f"detect {args.a:g}% vs {args.b:g}% (α={args.alpha:g}, power {args.power:.0%}), "
@@ -45,6 +48,6 @@ def run(args: argparse.Namespace) -> int:
             n = n_for_difference_paired(pa - pb, args.discordance, alpha=args.alpha, power=args.power)
             lines.append(f"  paired (same samples, discordance {args.discordance:g}): n = {n}")
     if not lines:
-        raise ValueError("nothing to plan: give --accuracy and --half-width, and/or --a and --b")
+        raise UsageError("nothing to plan: give --accuracy and --half-width, and/or --a and --b")
     print("\n".join(lines))
     return 0

@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED
+from harness.errors import UsageError
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from reports import FORMATS
@@ -16,20 +19,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", type=Path, help="write to FILE instead of standard output")
     p.add_argument("--criterion", default="all", choices=("all", "majority", "mean"),
                    help="stochastic defenses: robust in all R draws (default), in the majority, or mean over draws")
-    p.add_argument("--confidence", type=float, default=0.95, help="confidence level (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="confidence level (default 0.95)")
+    p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--resamples", type=RESAMPLES, default=10_000, help="bootstrap resamples, at least 1000 (default 10000)")
+    p.add_argument("--partial", action="store_true",
+                   help="report incomplete runs (in progress, shards missing, escalation not run) instead of refusing; "
+                        "every format is labelled as partial with samples done and planned")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from harness import atomic
     from reports import render
 
+    if args.output is not None and args.output.is_dir():
+        raise UsageError(f"--output {str(args.output)!r} is a directory; --output/-o takes a file path, e.g. "
+                         f"{str(args.output / ('report.' + args.format))!r}")
     text = render(args.runs, args.format, criterion=args.criterion, confidence=args.confidence, seed=args.seed,
-                  n_resamples=args.resamples)
+                  n_resamples=args.resamples, partial=args.partial)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
+        atomic.write_text(args.output, text)
         print(f"wrote {args.output}")
     else:
         print(text, end="")

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from harness.config import RunConfig, config_from_mapping, load_toml, merge, parse_key_values
 from harness.defense import GRAD_MODES
+from harness.errors import UsageError
 from harness.progress import setup_logging
 
 
@@ -47,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex", "json", "html"],
                    help="format of the final table [default: markdown]")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bars or log lines")
+    p.add_argument("--force-resume", action="store_true",
+                   help="resume even if the defense source or weights, the data, package versions or the harness "
+                        "commit changed since the run started (recorded in provenance.json)")
     p.set_defaults(func=main)
 
 
@@ -62,13 +67,13 @@ def _eps(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """File config (if any) overridden by the flags that were given."""
-    base = config_from_mapping(load_toml(args.config), source=args.config) if args.config else RunConfig()
+    base = config_from_mapping(load_toml(args.config, "--config file"), source=args.config) if args.config else RunConfig()
     n: Any = args.n
     if n is not None and n != "all":
         try:
             n = int(n)
         except ValueError:
-            raise ValueError(f"--n must be 'all' or a positive integer, got {args.n!r}") from None
+            raise UsageError(f"--n must be 'all' or a positive integer, got {args.n!r}") from None
     overrides = {k: getattr(args, k) for k in ("defense", "attacks", "seed", "dataset", "data_root", "download", "eps",
                                                 "norm", "grad", "eot", "eval_repeats", "every_attack", "escalate", "device",
                                                 "autocast", "batch_size", "shard_size", "out", "run_id",
@@ -79,14 +84,26 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     cfg = merge(base, overrides)
     if args.attacks is not None or args.attack_opt:
         cfg.battery = []  # re-resolve from the given --attacks rather than a battery in the file
+    check_destination(cfg)
     return cfg
+
+
+def check_destination(cfg: RunConfig) -> None:
+    """``out`` must be (or become) a directory, checked before any work starts."""
+    out = Path(cfg.out).expanduser()
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise UsageError(f"--out {cfg.out!r}: {str(path)!r} is a file; --out takes a directory (each run "
+                                 "gets its own subdirectory in it)")
+            break
 
 
 def main(args: argparse.Namespace) -> int:
     from harness.runner import run
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
-    run_dir = run(cfg)
+    run_dir = run(cfg, force_resume=args.force_resume)
     try:
         from reports import render
         table = render([run_dir], args.format)

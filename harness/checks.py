@@ -1,0 +1,84 @@
+"""Checks that a defense is what it declares, so a misdeclared defense stops with a clear error
+instead of producing a plausible number.
+
+- :func:`check_logits`: outputs of shape ``(N, num_classes)`` and floating dtype (every forward
+  pass the harness runs: ``harness.target`` and ``harness.evaluation`` call it);
+- :func:`check_purified`: a purifier returns images of its input's shape (every purification);
+- :func:`first_batch`, run by the runner once before any shard: the bounds contain the data, the
+  checks above on real data, and a defense declared deterministic gives the same outputs in two
+  identical forward passes (else it hides randomness and must be declared ``stochastic=True``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from harness.seeding import seeded
+from harness.threat import check_data_in_bounds
+
+if TYPE_CHECKING:
+    from harness.defense import Defense
+
+DETERMINISM_RTOL = 1e-4  # relative difference two identical passes may show (non-deterministic GPU kernels)
+PROBE = 16  # samples of the first batch the checks use
+
+
+def _name(defense: Any) -> str:
+    return repr(getattr(defense, "name", type(defense).__name__))
+
+
+def check_logits(defense: "Defense", x: Tensor, out: Any) -> None:
+    """Raise unless ``out`` is a floating tensor of shape ``(len(x), defense.num_classes)``."""
+    n, k = x.shape[0], defense.num_classes
+    if not isinstance(out, Tensor):
+        raise TypeError(f"defense {_name(defense)}: the classifier returned {type(out).__name__}; expected a tensor of "
+                        f"logits of shape (N, num_classes) = ({n}, {k})")
+    if out.dim() != 2 or out.shape[0] != n or out.shape[1] != k:
+        raise ValueError(f"defense {_name(defense)} returned outputs of shape {tuple(out.shape)} for {n} input(s) of shape "
+                         f"{tuple(x.shape[1:])}; expected (N, num_classes) = ({n}, {k}). Fix the classifier's output "
+                         "layer or declare the right Defense(num_classes=...)")
+    if not out.is_floating_point():
+        raise ValueError(f"defense {_name(defense)} returned outputs of dtype {out.dtype}; logits must be floating point")
+
+
+def check_purified(defense: "Defense", x: Tensor, z: Any) -> None:
+    """Raise unless the purifier's output ``z`` is a tensor with the shape of its input ``x``."""
+    if not isinstance(z, Tensor) or z.shape != x.shape:
+        got = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
+        raise ValueError(f"defense {_name(defense)}: the purifier changed the input's shape from {tuple(x.shape)} to "
+                         f"{got}; a purifier must return images of its input's shape")
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    if not torch.equal(torch.isfinite(a), torch.isfinite(b)):
+        return False
+    fa, fb = a[torch.isfinite(a)].double(), b[torch.isfinite(b)].double()
+    scale = float(fa.abs().max()) if fa.numel() else 0.0
+    return bool(((fa - fb).abs() <= DETERMINISM_RTOL * max(scale, 1e-6)).all())
+
+
+def check_deterministic(defense: "Defense", x: Tensor, seed: int) -> None:
+    """Raise if a defense declared deterministic gives different outputs in two identical forward passes."""
+    if defense.stochastic:
+        return
+    with torch.no_grad(), seeded(seed, x.device):
+        first = defense.logits(x, "full").float()
+        second = defense.logits(x, "full").float()
+    if not _same(first, second):
+        diff = (torch.nan_to_num(first) - torch.nan_to_num(second)).abs().max().item()
+        raise ValueError(f"defense {_name(defense)} is declared deterministic but two identical forward passes on the "
+                         f"same {x.shape[0]} input(s) gave different outputs (max difference {diff:.3g}): it draws "
+                         "randomness. Declare it Defense(stochastic=True) so the harness uses EOT and repeated evaluation")
+
+
+def first_batch(defense: "Defense", x: Tensor, *, seed: int) -> None:
+    """All checks on the first inputs of a run, before any work (inside a forked RNG: nothing leaks)."""
+    check_data_in_bounds(x, defense.bounds, who=f"defense {_name(defense)}")
+    x = x[:PROBE]
+    if x.shape[0] == 0:
+        return
+    with torch.no_grad(), seeded(seed, x.device):
+        check_logits(defense, x, defense.logits(x, "full"))  # Defense.purify checks the purifier's output
+    check_deterministic(defense, x, seed)

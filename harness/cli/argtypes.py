@@ -1,0 +1,15 @@
+"""Argparse ``type=`` checks shared by the subcommands' numeric flags (the run's own flags are
+checked by the run-config schema in :mod:`harness.config`). Each names the accepted range."""
+from __future__ import annotations
+
+from harness.config import RULES
+from harness.schema import Rule, arg_type
+
+PERCENT = arg_type(float, Rule(low=0, high=100, unit="(percent)"))
+POINTS = arg_type(float, Rule(low=0, high=50, low_open=True, high_open=True, unit="(points)"))
+PROBABILITY = arg_type(float, Rule(low=0, high=1, low_open=True, high_open=True))  # confidence, alpha, power
+FRACTION = arg_type(float, Rule(low=0, high=1))
+COUNT = arg_type(int, Rule(low=1))
+SEED = arg_type(int, RULES["seed"])
+# BCa intervals need about 1,000 resamples or more for stable tail quantiles (Efron & Tibshirani 1993, ch. 14)
+RESAMPLES = arg_type(int, Rule(low=1000))

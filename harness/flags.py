@@ -1,0 +1,52 @@
+"""Diagnostic flag codes: one enum, so a mistyped code fails loudly instead of silently matching nothing
+(e.g. an escalation rule that never fires, or a report that never shows a flag).
+
+Codes are stored as their string values (``diagnostics.json``, the per-shard side data); reading one
+back goes through :func:`parse_code`, which rejects an unknown code naming the file it came from.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Iterable
+
+
+class FlagCode(str, Enum):
+    """Every flag code: raised by a diagnostic (``harness.diagnostics``) or by the reports (``reports``)."""
+
+    ACC_STILL_FALLING = "acc-still-falling"
+    MASKING_LARGE_EPS = "masking-large-eps"
+    BLACKBOX_BEATS_WHITEBOX = "blackbox-beats-whitebox"
+    ZERO_GRAD = "zero-grad"
+    NONFINITE_GRAD = "nonfinite-grad"
+    CE_VANISHING = "ce-vanishing"
+    LOSS_FLAT = "loss-flat"
+    EOT_DISAGREE = "eot-disagree"
+    IDENTITY_JACOBIAN = "identity-jacobian"
+    NOISE_BEATS_ATTACK = "noise-beats-attack"
+    PROBABILITY_LOGITS = "probability-logits"
+    NON_FINITE_LOGITS = "non-finite-logits"
+    THREAT_MODEL_VIOLATION = "threat-model-violation"
+    UPPER_BOUND = "upper-bound"  # reports: a cascade skipped a sample that still had correct draws
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# the flags that say the attack's gradients are useless (masked, zero, non-finite or ignoring the purifier)
+GRADIENT_FLAGS: frozenset[FlagCode] = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD, FlagCode.MASKING_LARGE_EPS,
+                                                 FlagCode.BLACKBOX_BEATS_WHITEBOX, FlagCode.IDENTITY_JACOBIAN})
+
+
+def parse_code(value: Any, *, source: str) -> FlagCode:
+    """The :class:`FlagCode` stored as ``value``; an unknown code raises naming ``source`` (the file)."""
+    try:
+        return FlagCode(value)
+    except ValueError:
+        raise ValueError(f"{source}: unknown diagnostic code {value!r}; accepted: "
+                         f"{', '.join(c.value for c in FlagCode)}") from None
+
+
+def check_codes(flags: Iterable[dict[str, Any]], *, source: str) -> None:
+    """Raise (naming ``source``) if any stored flag has a missing or unknown ``code``."""
+    for flag in flags:
+        parse_code(flag.get("code") if isinstance(flag, dict) else None, source=source)

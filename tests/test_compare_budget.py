@@ -1,0 +1,84 @@
+"""`harness compare` ranks two runs only when everything that changes attack strength or scoring matches:
+each differing setting is refused (exit 3) with a message naming it, unless --allow-mismatch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from reports.synthetic import write_synthetic_run
+
+BASE = dict(n=60, robust=[("pgd", 0.5), ("square", 0.4)], seed=1, iterations=100, restarts=1, eot=1, queries=0,
+            step_size=0.01, schedule="constant", loss_fn="ce", grad_mode="full")
+
+# one setting changed from BASE -> the text the refusal must contain
+CHANGES = {
+    "eps": (dict(eps=4 / 255), "pgd: eps = "),
+    "norm": (dict(norm="L2"), "pgd: norm = Linf in a but L2 in b"),
+    "iterations": (dict(iterations=10), "pgd: iterations = 100 in a but 10 in b"),
+    "restarts": (dict(restarts=5), "pgd: restarts = 1 in a but 5 in b"),
+    "step_size": (dict(step_size=0.02), "pgd: step_size = 0.01 in a but 0.02 in b"),
+    "schedule": (dict(schedule="cosine"), "pgd: schedule = constant in a but cosine in b"),
+    "loss": (dict(loss_fn="margin"), "pgd: loss_fn = ce in a but margin in b"),
+    "eot": (dict(eot=20), "pgd: eot = 1 in a but 20 in b"),
+    "grad_mode": (dict(grad_mode="bpda"), "pgd: grad_mode = full in a but bpda in b"),
+    "queries": (dict(queries=5000), "square: queries = 0 in a but 5000 in b"),
+    "eval_repeats": (dict(draws=3), "evaluation repeats R = 1 in a but 3 in b"),
+    "battery": (dict(robust=[("pgd", 0.5), ("rays", 0.4)]), "attack batteries differ: only in a: ['square']; only in b: ['rays']"),
+    "order": (dict(robust=[("square", 0.5), ("pgd", 0.4)]), "attack order differs: ['pgd', 'square'] in a but ['square', 'pgd'] in b"),
+    "dataset": (dict(dataset="svhn"), "dataset = cifar10 in a but svhn in b"),
+    "indices": (dict(index_offset=30), "sample indices differ: 60 in a, 60 in b, 30 shared"),
+}
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_run(tmp_path_factory.mktemp("a") / "a", **BASE)
+
+
+def test_identical_settings_are_matched(run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    b = write_synthetic_run(tmp_path / "b", defense="other", **BASE)
+    assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "Budgets matched: cifar10, 60 samples, R = 1; pgd(" in out and "grad_mode=full" in out
+
+
+@pytest.mark.parametrize("field", list(CHANGES))
+def test_each_difference_is_refused_and_named(field: str, run_a: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    change, expected = CHANGES[field]
+    b = write_synthetic_run(tmp_path / "b", **{**BASE, **change})
+    assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 3
+    err = capsys.readouterr().err
+    assert "refusing to rank" in err and expected in err, err
+    assert main(["compare", str(run_a), str(b), "--resamples", "1000", "--allow-mismatch"]) == 0
+    assert "NOT a like-for-like ranking" in capsys.readouterr().out
+
+
+def test_differing_battery_entry_options_are_refused(run_a: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """Same attack names and record columns, but an entry option (e.g. APGD-T's target count) differs."""
+    from harness.config import dumps
+    from harness.store import load_config
+
+    b = write_synthetic_run(tmp_path / "b", **BASE)
+    cfg = load_config(b)
+    cfg.battery[0]["options"] = {"targets": 3}
+    (b / "config.toml").write_text(dumps(cfg))
+    assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 3
+    assert "pgd: battery entry" in capsys.readouterr().err
+
+
+def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """--eot 1 on one run, --attack-opt pgd.eot=1 on the other: the records show the same EOT, so it matches."""
+    from harness.config import dumps
+    from harness.store import load_config
+
+    b = write_synthetic_run(tmp_path / "b", **BASE)
+    cfg = load_config(b)
+    cfg.battery[0]["options"] = {"eot": 1, "grad": "full"}
+    (b / "config.toml").write_text(dumps(cfg))
+    assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 0
+    assert "Budgets matched" in capsys.readouterr().out

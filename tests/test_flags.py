@@ -1,0 +1,56 @@
+"""Flag codes are one enum: a mistyped code fails loudly (no silently disabled escalation), every code the
+diagnostics raise is a member, and an unknown code read back from a run is an error naming the file."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import escalation
+from harness.flags import FlagCode, check_codes, parse_code
+from harness.presets import AttackSpec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_code_raised_in_the_source_is_a_member():
+    diag = (REPO / "harness" / "diagnostics.py").read_text()
+    assert not re.search(r'Flag\(\s*"', diag), "diagnostics must raise FlagCode members, not strings"
+    raised = set(re.findall(r"FlagCode\.([A-Z_]+)", diag + (REPO / "harness" / "escalation.py").read_text()))
+    assert raised and raised <= set(FlagCode.__members__)
+    for code in ("non-finite-logits", "threat-model-violation", "eot-disagree", "zero-grad", "upper-bound"):
+        assert FlagCode(code).value == code
+
+
+def test_a_mistyped_code_cannot_silently_disable_an_escalation():
+    spec = AttackSpec("pgd", "pgd", {"steps": 5})
+    kw = dict(spec=spec, attack=spec.build(0.1, "Linf"), has_purifier=True, grad_mode="full", stochastic=False,
+              has_aux=False)
+    assert [s["name"] for s in escalation.rules(FlagCode.ZERO_GRAD, **kw)] == ["esc-bpda-eot"]
+    assert escalation.rules("zero-grad", **kw) == escalation.rules(FlagCode.ZERO_GRAD, **kw)
+    with pytest.raises(ValueError, match="zero-gard"):
+        escalation.rules("zero-gard", **kw)
+
+
+def test_unknown_code_read_back_names_the_file(tmp_path: Path):
+    path = tmp_path / "diagnostics.json"
+    path.write_text(json.dumps([{"code": "zero-grad"}, {"code": "gradient-masking"}]))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: unknown diagnostic code 'gradient-masking'; "
+                                         r"accepted: acc-still-falling, "):
+        check_codes(json.loads(path.read_text()), source=str(path))
+    with pytest.raises(ValueError, match="x.json: unknown diagnostic code None"):
+        parse_code(None, source="x.json")
+    assert parse_code("loss-flat", source="x.json") is FlagCode.LOSS_FLAT
+
+
+def test_loading_a_run_with_an_unknown_code_is_an_error(tmp_path: Path):
+    from reports.load import load_run
+    from reports.synthetic import write_synthetic_run
+
+    run = write_synthetic_run(tmp_path / "r", n=20, diagnostics=[{"code": "loss-flat", "attack": "pgd"}])
+    assert load_run(run).diagnostics[0]["code"] == "loss-flat"
+    (run / "diagnostics.json").write_text(json.dumps([{"code": "los-flat", "attack": "pgd"}]))
+    with pytest.raises(ValueError, match=r"diagnostics.json'?: unknown diagnostic code 'los-flat'"):
+        load_run(run)

@@ -1,0 +1,141 @@
+"""Cost accounting is counted, not estimated: for every built-in attack, the passes a stage records
+(classifier and purifier, forward and backward, attack and evaluation) equal what independent
+counters inside the networks saw; BPDA charges no purifier backward pass."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from harness.defense import Defense
+from harness.passes import Budget, counting
+from harness.presets import AttackSpec
+from harness.stage import clean_stage, run_stage
+from harness.target import Target
+from helpers_attacks import NUM_CLASSES, attack_batch, tiny_cnn
+from hostile_zoo import ZOO_OPTIONS, builtin_attacks
+
+
+class _CountBackward(torch.autograd.Function):
+    """Identity whose backward adds the rows of the incoming gradient to ``tally.backward``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, tally: "Tally") -> Tensor:
+        ctx.tally = tally
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.tally.backward += grad.shape[0]
+        return grad, None
+
+
+class Tally(nn.Module):
+    """A network that counts the rows of its own forward calls and of the backward passes through its output."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net, self.forward_rows, self.backward = net, 0, 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.forward_rows += x.shape[0]
+        return _CountBackward.apply(self.net(x), self)
+
+
+class TwoPassPurifier(nn.Module):
+    """Two inner passes of a small denoiser network per purification (an iterative purifier in miniature)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = nn.Conv2d(3, 3, 3, padding=1)
+        with torch.no_grad():
+            conv.weight.mul_(0.1)
+        self.denoiser = Tally(conv.requires_grad_(False))
+
+    def forward(self, x: Tensor) -> Tensor:
+        for _ in range(2):
+            x = (x + 0.05 * torch.tanh(self.denoiser(x))).clamp(0, 1)
+        return x
+
+    def auxiliary_losses(self, x: Tensor) -> dict[str, Tensor]:
+        return {"rec": self.denoiser(x).pow(2).flatten(1).mean(1)}
+
+
+def counted_defense() -> tuple[Defense, Tally, Tally]:
+    cls, pur = Tally(tiny_cnn()), TwoPassPurifier()
+    return Defense(cls, pur, num_classes=NUM_CLASSES, name="counted"), cls, pur.denoiser
+
+
+def seen(cls: Tally, den: Tally) -> dict[str, int]:
+    return {"classifier_forward": cls.forward_rows, "classifier_backward": cls.backward,
+            "purifier_forward": den.forward_rows, "purifier_backward": den.backward}
+
+
+def test_default_purifier_networks():
+    d, _, den = counted_defense()
+    assert [(r, m) for r, m in d.networks()] == [("classifier", d.classifier), ("purifier", den)]
+    plain = Defense(tiny_cnn(), nn.Identity(), num_classes=NUM_CLASSES)  # no child with parameters: the purifier itself
+    assert [r for r, _ in plain.networks()] == ["classifier", "purifier"] and plain.networks()[1][1] is plain.purifier
+    assert Defense(tiny_cnn(), None).networks() == [("classifier", plain.classifier)]
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_OPTIONS))
+def test_recorded_passes_equal_what_the_networks_saw(name):
+    assert name in builtin_attacks()
+    x, y = attack_batch(6)
+    d, cls, den = counted_defense()
+    spec = AttackSpec(name, name, ZOO_OPTIONS[name])
+    robust = torch.ones(6, dtype=torch.bool)
+    robust[0] = False  # not attempted: charged nothing
+    _, cols, _ = run_stage(1, spec, spec.build(0.1, "Linf"), d, x, y, robust, grad="full", eot=1, repeats=2,
+                           run_seed=0, shard=0, batch_size=4)
+    truth = seen(cls, den)
+    assert truth["classifier_forward"] > 0
+    for key, value in truth.items():
+        assert cols[key][0] == 0, key
+        assert cols[key][1:].sum() == pytest.approx(value), f"{name}: {key}"
+    if name == "bpda-eot":  # the purifier runs without gradients under BPDA
+        assert truth["purifier_backward"] == 0 and truth["classifier_backward"] > 0
+
+
+def test_clean_stage_counts_every_evaluation_repeat():
+    x, y = attack_batch(5)
+    d, cls, den = counted_defense()
+    cols, _ = clean_stage(d, x, y, repeats=3, run_seed=0, shard=0, batch_size=4)
+    assert cols["classifier_forward"].sum() == pytest.approx(15) and cols["purifier_forward"].sum() == pytest.approx(30)
+    assert seen(cls, den) == {"classifier_forward": 15, "classifier_backward": 0, "purifier_forward": 30,
+                              "purifier_backward": 0}
+
+
+def test_each_backward_pass_is_counted_and_contexts_nest():
+    """A library that back-propagates once per class through one forward is charged each time; a network
+    hooked by two open contexts on one budget is counted once."""
+    d, cls, _ = counted_defense()
+    t = Target(d, "bpda")
+    m = t.as_module()
+    x = torch.rand(4, 3, 8, 8, requires_grad=True)
+    with counting(d.networks(), t.budget):
+        out = m(x)
+    assert t.budget.counts() == {"classifier_forward": 4, "classifier_backward": 0, "purifier_forward": 8,
+                                 "purifier_backward": 0}
+    for k in range(3):
+        out[:, k].sum().backward(retain_graph=True)
+    assert t.budget.classifier_backward == 12 == cls.backward and t.budget.purifier_backward == 0
+    assert not t.budget._hooks  # every hook removed after the contexts closed
+    other = Budget()
+    with counting(d.networks(), other), torch.no_grad():  # two budgets: each counts its own
+        m(x)
+    assert t.budget.classifier_forward == 8 and other.classifier_forward == 4
+
+
+def test_spent_passes_summarizes_the_records():
+    from reports.budget import spent_passes
+    from reports.synthetic import synthetic_records
+
+    df = synthetic_records(n=40, robust=(("pgd", 0.6), ("square", 0.5)), iterations=10)
+    table = spent_passes(df)
+    assert list(table.index) == ["clean", "pgd", "square"]
+    assert table.loc["clean", "attempted"] == 40 and table.loc["clean", "classifier_forward"] == 1
+    tried = int(df[(df.stage == 2) & df.attempted].shape[0])
+    assert table.loc["square", "attempted"] == tried < 40
+    assert table.loc["square", "classifier_forward"] == 11 and table.loc["square", "classifier_forward_total"] == 11 * tried

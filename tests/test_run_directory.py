@@ -1,0 +1,308 @@
+"""The run directory is one experiment, complete or visibly not: format version, safe run ids, fingerprinted
+resume (refused when the defense or data changed), incomplete runs refused by reports unless --partial,
+concurrent processes sharing shards, atomic writes, and progress lines without a terminal."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import harness.runner as runner
+from conftest import TinyCNN, write_model_labelled_npz
+from harness import atomic
+from harness.cli import main
+from harness.config import RunConfig
+from harness.defense import Defense
+from harness.store import (FORMAT_VERSION, IncompleteRunError, ResumeMismatchError, RunFormatError, TIMING_COLUMNS,
+                           completeness, load_records)
+
+# a self-contained user defense file (no test imports, so subprocesses can load it too); the optional
+# delay makes shards slow enough that concurrent processes overlap
+USER_DEFENSE = textwrap.dedent('''
+    """A user's defense: a seeded 2-conv CNN behind a bit-depth squeezer."""
+    import time
+    import torch
+    from torch import nn
+    from harness.defense import Defense
+
+    class Squeeze(nn.Module):
+        def __init__(self, delay):
+            super().__init__()
+            self.delay = delay
+
+        def forward(self, x):
+            time.sleep(self.delay)
+            return torch.round(x * 31) / 31
+
+    def make(seed: int = 0, delay: float = 0.0) -> Defense:
+        g = torch.Generator().manual_seed(seed)
+        net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                            nn.Linear(8, 10))
+        with torch.no_grad():
+            for p in net.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        return Defense(net.eval(), Squeeze(delay), num_classes=10, name="user")
+''')
+
+
+@pytest.fixture
+def user_file(tmp_path: Path) -> Path:
+    path = tmp_path / "user_defense.py"
+    path.write_text(USER_DEFENSE)
+    return path
+
+
+def _cfg(root: Path, out: Path, **kw) -> RunConfig:
+    base = dict(defense="tiny", data_root=str(root), out=str(out), n=48, seed=3, attacks="quick", eps=0.1,
+                shard_size=16, batch_size=16, eval_repeats=1, eot=1, device="cpu", quiet=True,
+                attack_opts={"steps": 2}, escalate=False)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _tiny(seed: int = 0) -> Defense:
+    return Defense(TinyCNN(seed=seed).eval(), None, num_classes=10, name="tiny")
+
+
+def _comparable(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=list(TIMING_COLUMNS))
+
+
+# -- run ids -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("run_id", ["../../escaped", "ABSOLUTE", "a/b", "..", ".", ".hidden", "x\\y"])
+def test_run_id_must_be_one_safe_path_component(run_id, tiny_data_root, tmp_path):
+    out, absolute = tmp_path / "deep" / "out", tmp_path / "absolute-run"
+    with pytest.raises(ValueError, match="--run-id"):
+        runner.run(_cfg(tiny_data_root, out, run_id=run_id.replace("ABSOLUTE", str(absolute))), defense=_tiny())
+    assert not out.exists() and not (tmp_path / "escaped").exists() and not absolute.exists()
+
+
+# -- format version ------------------------------------------------------------------------------
+def test_format_version_is_written_and_checked_on_load(tiny_data_root, tmp_path):
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16), defense=_tiny())
+    fmt = json.loads((run_dir / "format.json").read_text())
+    assert fmt["version"] == FORMAT_VERSION
+    assert json.loads((run_dir / "provenance.json").read_text())["format_version"] == FORMAT_VERSION
+    (run_dir / "format.json").write_text(json.dumps({**fmt, "version": FORMAT_VERSION + 1}))
+    with pytest.raises(RunFormatError, match=rf"format\.json.*version {FORMAT_VERSION + 1}.*version {FORMAT_VERSION}"):
+        load_records(run_dir)
+    from reports import render
+    with pytest.raises(RunFormatError, match="format.json"):
+        render([run_dir])
+    (run_dir / "format.json").unlink()
+    with pytest.raises(RunFormatError, match="format.json.* is missing"):
+        render([run_dir])
+
+
+# -- fingerprinted resume ------------------------------------------------------------------------
+def test_resume_after_editing_the_defense_file_is_refused_then_forced(user_file, tiny_data_root, tmp_path):
+    cfg = dict(defense=f"{user_file}:make", run_id="mine")
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16, **cfg))
+    user_file.write_text(USER_DEFENSE.replace("* 31) / 31", "* 15) / 15"))  # the defense changed, same command
+    with pytest.raises(ResumeMismatchError, match=r"defense source \(.*user_defense\.py.*--force-resume"):
+        runner.run(_cfg(tiny_data_root, tmp_path, n=16, **cfg))
+    assert runner.run(_cfg(tiny_data_root, tmp_path, n=16, **cfg), force_resume=True) == run_dir
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert len(prov["forced_resumes"]) == 1 and "defense source" in prov["forced_resumes"][0]["changed"][0]
+    assert prov["fingerprint"] != prov["forced_resumes"][0]["previous"] and prov["finished"]
+
+
+def test_resume_with_other_weights_is_refused(tiny_data_root, tmp_path):
+    runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="w"), defense=_tiny(0))
+    with pytest.raises(ResumeMismatchError, match="defense weights"):
+        runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="w"), defense=_tiny(1))
+
+
+def test_resume_on_other_data_is_refused(tiny_data_root, tmp_path):
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16), defense=_tiny())
+    other = tmp_path / "other-data"
+    write_model_labelled_npz(other)
+    with np.load(other / "cifar10_test.npz") as f:
+        x, y = f["x"], f["y"]
+    np.savez(other / "cifar10_test.npz", x=255 - x, y=y)  # same size and labels, other images
+    # --data-root does not enter the run id, so the same command resumes into the same directory
+    with pytest.raises(ResumeMismatchError, match=r"refusing to resume.*data \(selected images and labels\)"):
+        runner.run(_cfg(other, tmp_path, n=16), defense=_tiny())
+    assert completeness(run_dir).complete  # the refused resume left the run as it was
+
+
+# -- incomplete runs -----------------------------------------------------------------------------
+def _report(run_dir: Path, capsys, *extra: str) -> tuple[int, str, str]:
+    code = main(["report", str(run_dir), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _killed_run(root: Path, out: Path, monkeypatch, **kw) -> Path:
+    real = runner.run_stage
+
+    def dies_on_second_shard(*args, **kwargs):
+        if kwargs["shard"] == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_stage", dies_on_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(_cfg(root, out, run_id="killed", **kw), defense=_tiny())
+    monkeypatch.setattr(runner, "run_stage", real)
+    return out / "killed"
+
+
+def test_report_refuses_an_interrupted_run_and_labels_it_with_partial(tiny_data_root, tmp_path, monkeypatch, capsys):
+    run_dir = _killed_run(tiny_data_root, tmp_path, monkeypatch)
+    code, out, err = _report(run_dir, capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert str(run_dir) in err and "16 of 48 samples" in err and "shards 1-2" in err and "--partial" in err
+    for fmt in ("markdown", "csv", "latex", "html"):
+        code, out, err = _report(run_dir, capsys, "--partial", "--format", fmt)
+        assert code == 0, err
+        label = out.split("<body", 1)[1].splitlines()[1] if fmt == "html" else out.splitlines()[0]
+        assert "PARTIAL RESULTS" in label and "killed: 16 of 48 samples done" in label, fmt
+    code, out, _ = _report(run_dir, capsys, "--partial", "--format", "json")
+    obj = json.loads(out)
+    assert obj["partial"] is True and obj["n_done"] == 16 and obj["n_planned"] == 48 and obj["missing_shards"] == [1, 2]
+    # harness compare refuses it too
+    complete = runner.run(_cfg(tiny_data_root, tmp_path, n=48), defense=_tiny())
+    code = main(["compare", str(complete), str(run_dir)])
+    assert code == 2 and "incomplete" in capsys.readouterr().err
+
+
+def test_report_refuses_a_run_with_a_deleted_shard(tiny_data_root, tmp_path, capsys):
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path), defense=_tiny())
+    assert _report(run_dir, capsys)[0] == 0
+    (run_dir / "records" / "shard-00001.parquet").unlink()
+    code, out, err = _report(run_dir, capsys)
+    assert code == 2 and "32 of 48 samples" in err and "shards 1" in err
+    # rerunning the command recomputes the shard and completes the run
+    again = runner.run(_cfg(tiny_data_root, tmp_path), defense=_tiny())
+    assert completeness(again).complete and _report(again, capsys)[0] == 0
+
+
+def test_report_refuses_a_run_stopped_before_its_escalation_stages(tiny_data_root, tmp_path, monkeypatch, capsys):
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "collect_escalations", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(_cfg(tiny_data_root, tmp_path, escalate=True, run_id="esc"), defense=_tiny())
+    state = completeness(tmp_path / "esc")
+    assert state.done == state.planned == 48 and not state.finished  # every battery stage is stored
+    code, _, err = _report(tmp_path / "esc", capsys)
+    assert code == 2 and "not finished" in err and "escalation" in err
+    with pytest.raises(IncompleteRunError):
+        from reports.load import load_run
+        load_run(tmp_path / "esc")
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+def _stage_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if " robust after " in line]
+
+
+def _labelled_by(user_file: Path, root: Path, n: int = 48) -> Path:
+    """A data root whose labels are the user defense's own predictions (clean accuracy 100%: every shard
+    has work in every stage)."""
+    import torch
+    from conftest import synthetic_images
+    from harness.registry import load_object
+    x = synthetic_images(n)
+    with torch.no_grad():
+        y = load_object(f"{user_file}:make")()(torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255).argmax(1)
+    root.mkdir(parents=True)
+    np.savez(root / "cifar10_test.npz", x=x, y=y.numpy().astype(np.int64))
+    return root
+
+
+def _run_in_child(argv: list[str], log_path: str) -> None:
+    """``harness run`` in a forked process (torch already imported, so no interpreter start-up); its
+    log lines go to ``log_path``."""
+    with open(log_path, "w") as fh:
+        sys.stderr = sys.stdout = fh  # not a terminal: progress lines instead of bars
+        try:
+            code = main(argv)
+        except BaseException:  # noqa: BLE001 - report any failure through the exit code and the log
+            import traceback
+            traceback.print_exc(file=fh)
+            code = 99
+        fh.flush()
+    os._exit(code)
+
+
+def test_concurrent_identical_commands_share_shards(user_file, tmp_path):
+    import multiprocessing
+    out, tiny_data_root = tmp_path / "runs", _labelled_by(user_file, tmp_path / "data")
+    argv = ["run", "--defense", f"{user_file}:make", "--defense-opt", "delay=0.002", "--data-root", str(tiny_data_root),
+            "--out", str(out), "--run-id", "shared", "--n", "24", "--seed", "3", "--attacks", "quick", "--attack-opt",
+            "steps=2", "--eps", "0.1", "--shard-size", "4", "--batch-size", "4", "--eot", "1", "--eval-repeats", "1",
+            "--device", "cpu", "--no-escalate"]
+    # the single-process reference first (it also imports everything the forked processes use)
+    reference = runner.run(_cfg(tiny_data_root, tmp_path / "single", defense=f"{user_file}:make",
+                                defense_opts={"delay": 0.002}, n=24, shard_size=4, batch_size=4, run_id="shared"))
+    logs = [tmp_path / f"process-{i}.log" for i in range(3)]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_run_in_child, args=(argv, str(log))) for log in logs]
+    for p in procs:  # three identical commands at once
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    texts = [log.read_text() for log in logs]
+    for p, text in zip(procs, texts):
+        assert p.exitcode == 0, text
+    keys = [line.split("attacks: ")[1].split(":")[0] for text in texts for line in _stage_lines(text)]
+    assert len(keys) == 6 * 2 and len(set(keys)) == len(keys)  # every shard-stage computed once, by some process
+    assert not list(out.rglob("*.tmp"))
+    pd.testing.assert_frame_equal(_comparable(load_records(out / "shared")), _comparable(load_records(reference)))
+    assert completeness(out / "shared").complete
+
+
+def test_a_shard_locked_by_another_process_waits_for_it(tiny_data_root, tmp_path, monkeypatch):
+    from harness.store import RunStore
+    computed: list[int] = []
+    real = runner._Context.run_shard
+    other = RunStore(tmp_path / "locked").shard_lock(1, blocking=True)  # "another process" holds shard 1
+    assert other.__enter__() is True
+
+    def record(self, shard, *args, **kwargs):
+        computed.append(shard)
+        if shard == 2:
+            other.__exit__(None, None, None)  # ... and stops without finishing it
+        return real(self, shard, *args, **kwargs)
+
+    monkeypatch.setattr(runner._Context, "run_shard", record)
+    runner.run(_cfg(tiny_data_root, tmp_path, run_id="locked"), defense=_tiny())
+    assert computed == [0, 2, 1]  # shard 1 skipped while locked, then waited for and computed
+    monkeypatch.setattr(runner._Context, "run_shard", real)
+    ref = runner.run(_cfg(tiny_data_root, tmp_path / "ref", run_id="locked"), defense=_tiny())
+    pd.testing.assert_frame_equal(_comparable(load_records(tmp_path / "locked")), _comparable(load_records(ref)))
+
+
+# -- atomic writes and progress ------------------------------------------------------------------
+def test_atomic_write_uses_unique_temporary_names_and_cleans_up(tmp_path):
+    target = tmp_path / "file.json"
+    with atomic.atomic_path(target) as a, atomic.atomic_path(target) as b:
+        assert a != b and a.parent == b.parent == tmp_path  # two writers never share a temporary file
+        a.write_text("a")
+        b.write_text("b")
+    assert target.read_text() == "a" and sorted(p.name for p in tmp_path.iterdir()) == ["file.json"]  # last rename wins
+    with pytest.raises(RuntimeError), atomic.atomic_path(target) as c:
+        c.write_text("half")
+        raise RuntimeError
+    assert target.read_text() == "a" and sorted(p.name for p in tmp_path.iterdir()) == ["file.json"]
+
+
+def test_progress_lines_without_a_terminal(tiny_data_root, tmp_path, capsys):
+    from harness.progress import setup_logging
+    setup_logging(0, quiet=False)
+    runner.run(_cfg(tiny_data_root, tmp_path, quiet=False), defense=_tiny())  # stderr is not a terminal here
+    lines = _stage_lines(capsys.readouterr().err)
+    assert len(lines) == 3 * 2  # one per stage per shard
+    assert "shard 1/3, pgd-ce:" in lines[0] and "attempted" in lines[0]
+    assert all("elapsed" in line and "left" in line for line in lines)
+    assert "100% of" in lines[-1] and "about 0s left" in lines[-1]
