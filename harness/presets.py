@@ -11,6 +11,7 @@ from typing import Any
 from harness.attack import ATTACKS, Attack
 from harness.config import load_toml
 from harness.defense import GRAD_MODES
+from harness.errors import MissingInputError, UsageError
 from harness.resolve import RESOLVER_OPTIONS
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -31,15 +32,15 @@ class AttackSpec:
     def from_dict(cls, d: dict[str, Any], *, source: str = "battery") -> "AttackSpec":
         d = dict(d)
         if "attack" not in d and "name" not in d:
-            raise ValueError(f"{source}: an attack entry needs 'attack' (registry name) and/or 'name'; got {d}")
+            raise UsageError(f"{source}: an attack entry needs 'attack' (registry name) and/or 'name'; got {d}")
         d.setdefault("attack", d.get("name"))
         d.setdefault("name", d["attack"])
         unknown = sorted(set(d) - {"name", "attack", "options", "grad", "eot"})
         if unknown:
-            raise ValueError(f"{source}: attack {d['name']!r} has unknown key(s) {', '.join(unknown)}; "
+            raise UsageError(f"{source}: attack {d['name']!r} has unknown key(s) {', '.join(unknown)}; "
                              "accepted: name, attack, options, grad, eot")
         if d.get("grad") is not None and d["grad"] not in GRAD_MODES:
-            raise ValueError(f"{source}: attack {d['name']!r} grad {d['grad']!r}; accepted: {', '.join(GRAD_MODES)}")
+            raise UsageError(f"{source}: attack {d['name']!r} grad {d['grad']!r}; accepted: {', '.join(GRAD_MODES)}")
         return cls(name=str(d["name"]), attack=str(d["attack"]), options=dict(d.get("options") or {}),
                    grad=d.get("grad"), eot=d.get("eot"))
 
@@ -73,7 +74,7 @@ def load_preset_file(path: Path) -> list[AttackSpec]:
     data = load_toml(path)
     entries = data.get("attacks")
     if not isinstance(entries, list) or not entries:
-        raise ValueError(f"battery file {str(path)!r} needs a non-empty [[attacks]] array of tables "
+        raise UsageError(f"battery file {str(path)!r} needs a non-empty [[attacks]] array of tables "
                          "(each with attack = \"<registry name>\", optional name, options, grad, eot)")
     return [AttackSpec.from_dict(e, source=str(path)) for e in entries]
 
@@ -89,7 +90,7 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
     path = Path(attacks).expanduser()
     if attacks.endswith(".toml") or path.is_file():
         if not path.is_file():
-            raise FileNotFoundError(f"battery file {attacks!r} does not exist; --attacks accepts a preset "
+            raise MissingInputError(f"battery file {attacks!r} does not exist; --attacks accepts a preset "
                                     f"({', '.join(list_presets(preset_dir))}), a TOML file, or attack names separated by commas")
         specs = load_preset_file(path)
     elif (preset_dir / f"{attacks}.toml").is_file():
@@ -98,21 +99,21 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
         specs = []
         for name in filter(None, (s.strip() for s in attacks.split(","))):
             if name not in ATTACKS and ":" not in name:
-                raise ValueError(f"unknown attack or preset {name!r}. Presets: {', '.join(list_presets(preset_dir))}. "
+                raise UsageError(f"unknown attack or preset {name!r}. Presets: {', '.join(list_presets(preset_dir))}. "
                                  f"Attacks: {', '.join(ATTACKS.names())}.")
             specs.append(AttackSpec(name=name, attack=name))
         if not specs:
-            raise ValueError("--attacks is empty; give a preset name, a TOML file or attack names")
+            raise UsageError("--attacks is empty; give a preset name, a TOML file or attack names")
     for key, value in (attack_opts or {}).items():
         target, _, opt = key.rpartition(".")
         hits = [s for s in specs if not target or s.name == target]
         if target and not hits:
-            raise ValueError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
+            raise UsageError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
         for s in hits:
             s.options[opt] = value
     seen: set[str] = set()
     for s in specs:
         if s.name in seen:
-            raise ValueError(f"attack name {s.name!r} appears twice in the battery; give each entry a unique name")
+            raise UsageError(f"attack name {s.name!r} appears twice in the battery; give each entry a unique name")
         seen.add(s.name)
     return specs

@@ -8,7 +8,7 @@ Layout::
                                  resumes, git state, device, seed, ``started``; ``finished`` only once every stage
                                  of every shard (escalations included) is stored
     diagnostics.json             run-level diagnostic flags (written when the run finishes)
-    records/shard-00000.parquet  one row per (sample, stage), long format (see README)
+    records/shard-00000.parquet  one row per (sample, stage), long format (docs/results-format.md)
     records/shard-00000.json     per-shard side data: {"stages": [...], "attacks": {...}, "diagnostics": [...]}
     adversarials/shard-00000.pt  adversarial inputs (with --save-adversarials)
     .lock, records/.shard-00000.lock   inter-process locks (empty files)
@@ -37,7 +37,7 @@ import torch
 
 from harness import atomic
 from harness.config import RunConfig, read_config, write_config
-from harness.errors import UsageError
+from harness.errors import MissingInputError, UsageError
 from harness.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
 from harness.flags import check_codes
 from harness.locks import file_lock
@@ -265,7 +265,7 @@ def check_format(run_dir: str | Path) -> None:
     """Raise :class:`RunFormatError` unless ``run_dir`` is a run directory of this harness's format version."""
     path = Path(run_dir) / FORMAT_FILE
     if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist (expected <out>/<run-id>/ from "
+        raise MissingInputError(f"run directory {str(run_dir)!r} does not exist (expected <out>/<run-id>/ from "
                                 "`harness run`)")
     if not path.is_file():
         raise RunFormatError(f"{str(path)!r} is missing: {str(run_dir)!r} is not a run directory of this harness, or "
@@ -298,7 +298,7 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     records = Path(run_dir) / "records"
     paths = sorted(records.glob("shard-*.parquet"))
     if not paths:
-        raise FileNotFoundError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
+        raise MissingInputError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
     df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
     return df.sort_values(["index", "stage"], kind="stable").reset_index(drop=True)
 

@@ -49,7 +49,7 @@ def load_run(run_dir: str | Path, *, partial: bool = False) -> RunData:
     records = store.load_records(path)
     missing = [c for c in REQUIRED_COLUMNS if c not in records.columns]
     if missing:
-        raise ValueError(f"{path}: records lack columns {missing}; expected the long record format of README 'Where results go' "
+        raise ValueError(f"{path}: records lack columns {missing}; expected the long record format of docs/results-format.md "
                          f"(columns present: {sorted(records.columns)})")
     cfg = store.load_config(path)
     diagnostics = list(store.load_diagnostics(path))

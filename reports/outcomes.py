@@ -11,11 +11,11 @@ from typing import Any
 
 import pandas as pd
 
+from harness.attack import BUDGET_COLUMNS
 from harness.flags import FlagCode
 from harness.criteria import CRITERIA, DESCRIPTION, Criterion, eval_draws, parse_criterion, stages, worst_case
 
 CRITERION_TEXT = {c.value: text for c, text in DESCRIPTION.items()}
-BUDGET_COLUMNS = ("eps", "norm", "iterations", "restarts", "eot", "queries", "noise_samples")
 WORST = "worst-case"
 UPPER_BOUND_FLAG = FlagCode.UPPER_BOUND.value
 

@@ -1,4 +1,4 @@
-"""Synthetic run directories in the documented layout (README "Where results go"), for tests and documentation.
+"""Synthetic run directories in the documented layout (docs/results-format.md), for tests and documentation.
 
 Each sample gets a latent robustness ``u ~ U(0, 1)``: it is clean-correct when ``u < clean``
 and survives attack k when ``u < robust[k]`` (the target accuracies must decrease). Stochastic

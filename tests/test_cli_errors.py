@@ -187,3 +187,13 @@ def test_corrupt_run_files_are_named(run_dir, tmp_path, capsys, name, content):
     (copy / name).write_bytes(content)
     line = _one_line_error(*_main(["report", str(copy)], capsys)[::2])
     assert str(copy / name) in line, line
+
+
+def test_unknown_preset_and_missing_run_are_user_errors(factories, tiny_data_root, tmp_path, capsys):
+    """Mistyped --attacks and a run directory that does not exist are user mistakes: one line, no -v hint."""
+    code, err = _run(["--defense", f"{factories}:make", "--attacks", "nosuch"], tiny_data_root, tmp_path, capsys)
+    line = _one_line_error(code, err)
+    assert "nosuch" in line and "Presets:" in line and "-v" not in line
+    assert main(["report", str(tmp_path / "no-such-run")]) == 2
+    line = _one_line_error(2, capsys.readouterr().err)
+    assert "no-such-run" in line and "does not exist" in line and "-v" not in line

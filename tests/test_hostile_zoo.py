@@ -70,7 +70,7 @@ def _cfg(root, out, **kw) -> RunConfig:
 
 
 def test_quick_run_on_a_nan_wrapper_reports_zero_robust_and_flags_it(tiny_data_root, tmp_path):
-    """The issue's probe at small scale: NaN off the pixel grid under `quick` at 8/255 (8/255 is on the grid)."""
+    """NaN off the pixel grid under `quick` at 8/255 (8/255 is on the grid)."""
     from conftest import TinyCNN
     from harness.defense import Defense
     from harness.store import load_records

@@ -1,5 +1,5 @@
 """Report tables: golden files for every format, the JSON schema, cascade semantics, flags and the
-report / claim / compare commands (issue 4 parts 6-8, issue 2 part 10).
+report / claim / compare commands.
 
 Regenerate the golden files after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_reports_formats.py``.
 """

@@ -1,5 +1,5 @@
 """The HTML report is self-contained, opens in headless Chromium without console errors and shows
-its plots (issue 4 parts 8 and 9). Needs Debian's ``chromium`` (apt-get install -y chromium)."""
+its plots. Needs Debian's ``chromium`` (apt-get install -y chromium)."""
 from __future__ import annotations
 
 import base64

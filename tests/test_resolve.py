@@ -82,7 +82,7 @@ def test_attack_opt_reaches_the_resolver_not_the_attack():
 
 
 def test_stage_records_what_ran_and_spends_it():
-    """The issue's case: the EOT of bpda-eot follows --eot and --attack-opt, and the passes follow the EOT."""
+    """The EOT of bpda-eot follows --eot and --attack-opt, and the passes follow the EOT."""
     x, y = attack_batch(4)
     defense = make("noise-small")
     cols = {}

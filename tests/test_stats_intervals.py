@@ -1,4 +1,4 @@
-"""Interval methods: named, seeded, validated against the truth in simulation (issue 4 parts 1 and 9)."""
+"""Interval methods: named, seeded, validated against the truth in simulation."""
 from __future__ import annotations
 
 import numpy as np

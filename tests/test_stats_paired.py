@@ -1,4 +1,4 @@
-"""Paired and unpaired comparisons (issue 4 parts 2 and 9)."""
+"""Paired and unpaired comparisons."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Sample-size planner checked by simulation (issue 4 parts 5 and 9)."""
+"""Sample-size planner checked by simulation."""
 from __future__ import annotations
 
 import numpy as np

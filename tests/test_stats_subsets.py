@@ -1,4 +1,4 @@
-"""Subset analysis (issue 4 part 4)."""
+"""Subset analysis."""
 from __future__ import annotations
 
 import numpy as np

@@ -48,7 +48,7 @@ def _count(pct_value: float, n: int, name: str) -> tuple[int, str | None]:
 
 def claim_text(a: float, b: float, n_a: int, n_b: int, *, confidence: float = 0.95, alpha: float = 0.05,
                power: float = 0.8, discordance: float | None = None) -> str:
-    """The full claim check as text (used by the CLI and the README)."""
+    """The full claim check as text (used by the CLI and docs/statistics.md)."""
     from harness.paired import newcombe_difference, two_proportion_test
     from harness.planning import n_for_difference_paired, n_for_difference_unpaired
     from harness.stats import clopper_pearson, wilson

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE",
                    help="defense factory option, value a TOML literal (repeatable), e.g. --defense-opt bits=3")
     p.add_argument("--attacks", help="preset name (see `harness list presets`), battery TOML file, or attack names "
-                                     "separated by commas [default: standard]")
+                                     "separated by commas [default: standard, or rand (APGD-CE and APGD-DLR with EOT-20) on a stochastic defense]")
     p.add_argument("--attack-opt", action="append", metavar="[ATTACK.]KEY=VALUE",
                    help="attack option for every attack, or for one with ATTACK.KEY (repeatable), e.g. --attack-opt pgd.steps=50")
     p.add_argument("--n", help="number of test samples (a seeded random subset), or 'all' [default: all]")
@@ -32,15 +32,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--download", action="store_true", default=None, help="let torchvision download the dataset if missing")
     p.add_argument("--eps", type=_eps, help="perturbation budget, a number or a fraction like 8/255 [default: 8/255]")
     p.add_argument("--norm", choices=["Linf", "L2", "L1"], help="[default: Linf]")
-    p.add_argument("--grad", choices=GRAD_MODES, help="gradient mode through the purifier [default: full]")
-    p.add_argument("--eot", type=int, help="EOT draws per gradient [default: 1]")
+    p.add_argument("--grad", choices=GRAD_MODES, help="gradient mode through the purifier for every attack that does not fix its own [default: full]")
+    p.add_argument("--eot", type=int, help="EOT draws per gradient for every attack that takes them (see docs/presets.md for the precedence) [default: 1, or 20 on a stochastic defense]")
     p.add_argument("--eval-repeats", type=int, help="evaluations of each final input [default: 10 if stochastic, else 1]")
     p.add_argument("--every-attack", action="store_true", default=None,
                    help="run every attack on every sample (default: cascade, each attack only on samples still robust)")
     p.add_argument("--no-escalate", dest="escalate", action="store_false", default=None,
                    help="do not add attacks when a diagnostic fires (flags are still reported)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N [default: auto]")
-    p.add_argument("--autocast", choices=["none", "bf16"], help="bfloat16 autocast during attacks (GPU) [default: none]")
+    p.add_argument("--autocast", choices=["none", "bf16"], help="bfloat16 autocast during attacks (CUDA or CPU; attacks that do not support it are refused) [default: none]")
     p.add_argument("--batch-size", type=int, help="samples per attack call [default: 256]")
     p.add_argument("--shard-size", type=int, help="samples per stored shard (resume granularity) [default: 256]")
     p.add_argument("--out", help="directory for run directories [default: runs]")
