@@ -6,6 +6,7 @@ from typing import Any
 
 from harness.defense import Defense, register_defense
 from harness.errors import UsageError
+from harness.schema import option_problems
 from harness.models import PYAUTOATTACK_RESNET18, Classifier, classifier as load
 
 
@@ -18,6 +19,9 @@ def classifier_from_options(**options: Any) -> Classifier:
     if unknown:
         raise UsageError(f"unknown defense option(s) {', '.join(unknown)}; the classifier options are "
                          f"{', '.join(accepted)} (besides the defense's own, see `harness list defenses`)")
+    problems = option_problems(load, options)  # e.g. a quoted "false" for unsafe_load is not false
+    if problems:
+        raise UsageError(f"defense option {'; option '.join(problems)}")
     options = dict(options)
     return load(options.pop("classifier", PYAUTOATTACK_RESNET18), **options)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from harness.errors import UsageError
 from harness.seeding import seeded
 from harness.threat import check_data_in_bounds
 
@@ -36,18 +37,18 @@ def check_logits(defense: "Defense", x: Tensor, out: Any) -> None:
         raise TypeError(f"defense {_name(defense)}: the classifier returned {type(out).__name__}; expected a tensor of "
                         f"logits of shape (N, num_classes) = ({n}, {k})")
     if out.dim() != 2 or out.shape[0] != n or out.shape[1] != k:
-        raise ValueError(f"defense {_name(defense)} returned outputs of shape {tuple(out.shape)} for {n} input(s) of shape "
+        raise UsageError(f"defense {_name(defense)} returned outputs of shape {tuple(out.shape)} for {n} input(s) of shape "
                          f"{tuple(x.shape[1:])}; expected (N, num_classes) = ({n}, {k}). Fix the classifier's output "
                          "layer or declare the right Defense(num_classes=...)")
     if not out.is_floating_point():
-        raise ValueError(f"defense {_name(defense)} returned outputs of dtype {out.dtype}; logits must be floating point")
+        raise UsageError(f"defense {_name(defense)} returned outputs of dtype {out.dtype}; logits must be floating point")
 
 
 def check_purified(defense: "Defense", x: Tensor, z: Any) -> None:
     """Raise unless the purifier's output ``z`` is a tensor with the shape of its input ``x``."""
     if not isinstance(z, Tensor) or z.shape != x.shape:
         got = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
-        raise ValueError(f"defense {_name(defense)}: the purifier changed the input's shape from {tuple(x.shape)} to "
+        raise UsageError(f"defense {_name(defense)}: the purifier changed the input's shape from {tuple(x.shape)} to "
                          f"{got}; a purifier must return images of its input's shape")
 
 
@@ -68,7 +69,7 @@ def check_deterministic(defense: "Defense", x: Tensor, seed: int) -> None:
         second = defense.logits(x, "full").float()
     if not _same(first, second):
         diff = (torch.nan_to_num(first) - torch.nan_to_num(second)).abs().max().item()
-        raise ValueError(f"defense {_name(defense)} is declared deterministic but two identical forward passes on the "
+        raise UsageError(f"defense {_name(defense)} is declared deterministic but two identical forward passes on the "
                          f"same {x.shape[0]} input(s) gave different outputs (max difference {diff:.3g}): it draws "
                          "randomness. Declare it Defense(stochastic=True) so the harness uses EOT and repeated evaluation")
 

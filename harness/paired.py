@@ -1,6 +1,7 @@
 """Comparing two defenses (or two attacks): paired when evaluated on the same samples, else unpaired.
 
-Paired: bootstrap interval of the per-sample difference and the exact McNemar test
+Paired: interval of the per-sample difference (paired bootstrap, or Newcombe's paired score interval when
+few pairs disagree) and the exact McNemar test
 (``scipy.stats.binomtest`` on the discordant pairs). Unpaired (different sample sets): an
 independent two-sample bootstrap and the pooled two-proportion z-test, with a warning.
 """
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .stats import Interval, _check_confidence, bootstrap, wilson
+from .stats import RESOLVABLE_TAIL, Interval, _check_confidence, bootstrap, wilson
 
 UNPAIRED_WARNING = ("the two runs were evaluated on different samples ({detail}), so the comparison is unpaired: "
                     "it cannot cancel the per-sample difficulty both defenses share, so its interval is wider and "
@@ -59,15 +60,43 @@ def mcnemar_exact(a: np.ndarray, b: np.ndarray) -> tuple[float, int, int]:
 
 def compare_paired(a: np.ndarray, b: np.ndarray, *, confidence: float = 0.95, seed: int = 0,
                    n_resamples: int = 10_000, method: str = "BCa") -> Comparison:
-    """Paired bootstrap interval of mean(a - b) over samples plus the exact McNemar test."""
+    """Interval of mean(a - b) over samples plus the exact McNemar test.
+
+    The difference lives on the discordant pairs only: with fewer than ``RESOLVABLE_TAIL`` of either kind the
+    bootstrap cannot resolve it (two runs both at 0 of 200 give a zero-width interval), so the interval is then
+    Newcombe's paired hybrid score interval (:func:`newcombe_paired`); else the paired bootstrap over samples.
+    """
     a, b = _binary(a, "a"), _binary(b, "b")
     if a.shape != b.shape:
         raise ValueError(f"paired outcomes must have equal length, got {a.size} and {b.size}")
-    iv = bootstrap(a - b, confidence=confidence, seed=seed, n_resamples=n_resamples, method=method)
-    diff = Interval(iv.estimate, iv.low, iv.high, f"paired-{iv.method}", confidence, iv.n)
     p, a_only, b_only = mcnemar_exact(a, b)
+    if min(a_only, b_only) >= RESOLVABLE_TAIL:
+        iv = bootstrap(a - b, confidence=confidence, seed=seed, n_resamples=n_resamples, method=method)
+        diff = Interval(iv.estimate, iv.low, iv.high, f"paired-{iv.method}", confidence, iv.n)
+    else:
+        diff = newcombe_paired(a, b, confidence)
     return Comparison(diff, p, "exact McNemar (binomial test on discordant pairs)", True, a.size, b.size,
                       a_only, b_only)
+
+
+def newcombe_paired(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> Interval:
+    """Newcombe's hybrid score interval for the difference of two paired proportions (Newcombe 1998,
+    Stat. Med. 17:2635, method 10): the two Wilson intervals combined with the phi correlation of the
+    2x2 table (continuity-adjusted numerator). Written here because neither scipy nor statsmodels has an
+    interval for a paired difference of proportions."""
+    a, b = _binary(a, "a").astype(bool), _binary(b, "b").astype(bool)
+    n = a.size
+    both, a_only, b_only = int(np.sum(a & b)), int(np.sum(a & ~b)), int(np.sum(~a & b))
+    neither = n - both - a_only - b_only
+    wa, wb = wilson(both + a_only, n, confidence), wilson(both + b_only, n, confidence)
+    pa, pb = wa.estimate, wb.estimate
+    denom = float(both + a_only) * (b_only + neither) * (both + b_only) * (a_only + neither)
+    cross = float(both) * neither - float(a_only) * b_only
+    phi = 0.0 if denom == 0 else (max(cross - n / 2, 0.0) if cross > 0 else cross) / math.sqrt(denom)
+    d = pa - pb
+    low = d - math.sqrt(max((pa - wa.low) ** 2 - 2 * phi * (pa - wa.low) * (wb.high - pb) + (wb.high - pb) ** 2, 0.0))
+    high = d + math.sqrt(max((wa.high - pa) ** 2 - 2 * phi * (wa.high - pa) * (pb - wb.low) + (pb - wb.low) ** 2, 0.0))
+    return Interval(d, max(low, -1.0), min(high, 1.0), "paired-newcombe-score", confidence, n)
 
 
 def two_proportion_test(k_a: int, n_a: int, k_b: int, n_b: int) -> tuple[float, float]:

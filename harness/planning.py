@@ -13,6 +13,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from harness.errors import UsageError
+
 
 def _z(q: float) -> float:
     return float(stats.norm.ppf(q))
@@ -21,7 +23,7 @@ def _z(q: float) -> float:
 def _check_prob(name: str, value: float, open_interval: bool = False) -> None:
     ok = 0 < value < 1 if open_interval else 0 <= value <= 1
     if not ok:
-        raise ValueError(f"{name} must be a fraction in {'(0, 1)' if open_interval else '[0, 1]'}, got {value}"
+        raise UsageError(f"{name} must be a fraction in {'(0, 1)' if open_interval else '[0, 1]'}, got {value}"
                          " (give accuracies as fractions, e.g. 0.62 for 62%)")
 
 
@@ -36,7 +38,7 @@ def n_for_half_width(p: float, half_width: float, confidence: float = 0.95) -> i
     _check_prob("p", p)
     _check_prob("confidence", confidence, open_interval=True)
     if not 0 < half_width < 0.5:
-        raise ValueError(f"half_width must be in (0, 0.5) as a fraction (0.01 = ±1 point), got {half_width}")
+        raise UsageError(f"half_width must be in (0, 0.5) as a fraction (0.01 = ±1 point), got {half_width}")
     lo, hi = 1, 2
     while wilson_half_width(p, hi, confidence) > half_width:
         lo, hi = hi, hi * 2
@@ -57,7 +59,7 @@ def n_for_difference_unpaired(p_a: float, p_b: float, *, alpha: float = 0.05, po
     _check_prob("power", power, open_interval=True)
     delta = abs(p_a - p_b)
     if delta == 0:
-        raise ValueError("p_a equals p_b: a zero difference cannot be detected at any n")
+        raise UsageError("p_a equals p_b: a zero difference cannot be detected at any n")
     pbar = (p_a + p_b) / 2
     za, zb = _z(1 - alpha / 2), _z(power)
     num = za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p_a * (1 - p_a) + p_b * (1 - p_b))
@@ -74,9 +76,9 @@ def n_for_difference_paired(delta: float, discordance: float, *, alpha: float = 
     _check_prob("alpha", alpha, open_interval=True)
     _check_prob("power", power, open_interval=True)
     if d == 0:
-        raise ValueError("delta is 0: a zero difference cannot be detected at any n")
+        raise UsageError("delta is 0: a zero difference cannot be detected at any n")
     if not d <= discordance <= 1:
-        raise ValueError(f"discordance must be in [|delta|, 1] = [{d:g}, 1], got {discordance}: the defenses "
+        raise UsageError(f"discordance must be in [|delta|, 1] = [{d:g}, 1], got {discordance}: the defenses "
                          "must disagree on at least the samples that make up the difference")
     za, zb = _z(1 - alpha / 2), _z(power)
     num = za * math.sqrt(discordance) + zb * math.sqrt(discordance - d * d)

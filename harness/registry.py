@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
 from harness.errors import UsageError, one_line, user_frame
+from harness.schema import option_problems
 
 T = TypeVar("T")
 Factory = Callable[..., Any]
@@ -149,6 +150,9 @@ class Registry(Generic[T]):
                             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
                 raise RegistryError(f"{self.kind} {spec!r} rejected options {sorted(options)}: {exc}; it accepts: "
                                     f"{', '.join(accepted) or '(no options)'}") from None
+        problems = option_problems(factory, options)  # a quoted "false" or a NaN is not a valid option value
+        if problems:
+            raise RegistryError(f"{self.kind} {spec!r}: option {'; option '.join(problems)}")
         obj = factory(**options)
         if self._validate is not None:
             obj = self._validate(obj, spec)

@@ -14,6 +14,11 @@ Precedence, highest first (the source is what every record row stores in ``grad_
 |                |                                        | attack's stochastic_eot (20; Square and   |               |
 |                |                                        | RayS 8 draws per query)                   |               |
 
+The order runs from the most specific setting to the least: an option names one attack, the run's
+flags name every attack of this run, a battery entry is a preset's (or file's) default for that slot.
+So ``--eot N``/``--grad M`` apply to a whole preset (``--attacks adaptive --eot 10`` changes every EOT
+attack), and ``--attack-opt NAME.eot=N`` still singles out one attack.
+
 The attack level is not a preference: an attack that fixes its mode, or uses no gradients or no
 EOT, does so whatever is asked, and an explicit per-attack option or battery entry asking otherwise
 is an error (a run-level flag applies only to the attacks it can apply to). Attacks never read
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.attack import Attack
 from harness.defense import GRAD_MODES, Defense
+from harness.errors import UsageError
 from harness.target import Target
 
 if TYPE_CHECKING:
@@ -57,13 +63,13 @@ class Resolved:
 
 def _check_grad(value: Any, where: str) -> str:
     if value not in GRAD_MODES:
-        raise ValueError(f"{where}: gradient mode {value!r}; accepted: {', '.join(GRAD_MODES)}")
+        raise UsageError(f"{where}: gradient mode {value!r}; accepted: {', '.join(GRAD_MODES)}")
     return str(value)
 
 
 def _check_eot(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: eot must be an integer >= 1, got {value!r}")
+        raise UsageError(f"{where}: eot must be an integer >= 1, got {value!r}")
     return int(value)
 
 
@@ -75,7 +81,7 @@ def resolve(spec: "AttackSpec", attack: Attack, *, stochastic: bool, run_grad: s
     ``autocast``."""
     caps, name = attack.capabilities, spec.name
     if autocast != "none" and not caps.supports_autocast:
-        raise ValueError(f"--autocast {autocast}: attack {name!r} ({spec.attack}) does not support autocast; "
+        raise UsageError(f"--autocast {autocast}: attack {name!r} ({spec.attack}) does not support autocast; "
                          "run it with --autocast none or drop it from the battery")
     opt_where, entry_where = f"attack {name!r} option", f"battery entry {name!r}"
     opt_grad = None if spec.options.get("grad") is None else _check_grad(spec.options["grad"], opt_where)
@@ -92,7 +98,7 @@ def resolve(spec: "AttackSpec", attack: Attack, *, stochastic: bool, run_grad: s
         for value, where in ((opt_grad, opt_where), (entry_grad, entry_where)):
             if value is not None and value != fixed:
                 why = "uses no gradients of the defense" if fixed == NO_GRADIENT else f"always runs gradient mode {fixed!r}"
-                raise ValueError(f"{where}: grad = {value!r}, but {spec.attack} {why}; remove the grad setting for it")
+                raise UsageError(f"{where}: grad = {value!r}, but {spec.attack} {why}; remove the grad setting for it")
         grad = (fixed, "attack")
         target_grad = fixed if fixed != NO_GRADIENT else (run_grad or "full")
     else:
@@ -101,7 +107,7 @@ def resolve(spec: "AttackSpec", attack: Attack, *, stochastic: bool, run_grad: s
     if not caps.supports_eot:
         for value, where in ((opt_eot, opt_where), (entry_eot, entry_where)):
             if value is not None and value != 1:
-                raise ValueError(f"{where}: eot = {value}, but {spec.attack} draws no EOT samples; remove the eot "
+                raise UsageError(f"{where}: eot = {value}, but {spec.attack} draws no EOT samples; remove the eot "
                                  "setting for it (--eot applies only to the attacks that use EOT)")
         eot = (1, "attack")
     else:
@@ -128,6 +134,6 @@ def check_battery(specs: list["AttackSpec"], defense: Defense, *, eps: float, no
         try:
             Target(defense, r.target_grad, r.eot)  # type: ignore[arg-type]
         except ValueError as exc:
-            raise ValueError(f"attack {spec.name!r}: {exc}") from None
+            raise UsageError(f"attack {spec.name!r}: {exc}") from None
         out.append((spec.name, r))
     return out

@@ -25,6 +25,7 @@ from harness.config import RunConfig, check_values, config_warnings
 from harness.criteria import attackable_rows
 from harness.data import TestSet, load_test_set, select_indices
 from harness.defense import Defense, create_defense
+from harness.errors import SetupError, UsageError
 from harness import fingerprint
 from harness.progress import StageLog, bars_enabled, get_logger, progress_bar
 from harness.store import COLUMNS, Plan, RunStore, completeness, make_run_id, validate_run_id
@@ -37,9 +38,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"--device {name} requested but CUDA is not available; use --device cpu or auto")
+        raise SetupError(f"--device {name} requested but CUDA is not available; use --device cpu or auto")
     if name != "cpu" and not name.startswith("cuda"):
-        raise ValueError(f"unknown device {name!r}; accepted: auto, cpu, cuda, cuda:N")
+        raise UsageError(f"unknown device {name!r}; accepted: auto, cpu, cuda, cuda:N")
     return torch.device(name)
 
 
@@ -50,7 +51,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
         defense = create_defense(cfg.defense, **cfg.defense_opts)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
     if defense.num_classes != data.num_classes:
-        raise ValueError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
+        raise UsageError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
                          f"{data.num_classes}; pick a matching --dataset or classifier")
     for warning in config_warnings(cfg, defense.trained_on):
         log.warning(warning)

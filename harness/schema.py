@@ -7,7 +7,9 @@ declared rules; the CLI's other numeric flags (:func:`arg_type`) use the same ru
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -134,6 +136,43 @@ def problem(value: Any, hint: Any, rule: Rule = NO_RULE) -> str | None:
         except (ValueError, ZeroDivisionError):
             pass
     return text
+
+
+SCALAR_HINTS = (bool, int, float, str, type(None))
+
+
+def option_problems(factory: Callable[..., Any], options: dict[str, Any]) -> list[str]:
+    """``"'key' must be ..., got ..."`` for each keyword option whose value does not fit the type hint of
+    ``factory``'s parameter (a class: its ``__init__``; a function taking ``**options`` and annotated to
+    return a class: that class's ``__init__`` for the options it does not name itself). Only scalar hints
+    (bool, int, float, str, and unions of them with None) are checked; other hints and unannotated
+    options are the factory's own to check."""
+    hints = _hints(factory)
+    forwards = not isinstance(factory, type) and any(p.kind is p.VAR_KEYWORD for p in _parameters(factory))
+    if forwards and isinstance(hints.get("return"), type):
+        hints = {**_hints(hints["return"]), **hints}
+    out = []
+    for key, value in options.items():
+        hint = hints.get(key)
+        if hint is not None and all(m in SCALAR_HINTS for m in _members(hint)):
+            msg = problem(os.fspath(value) if isinstance(value, os.PathLike) else value, hint)  # a Path for a str
+            if msg:
+                out.append(f"{key!r} {msg}")
+    return out
+
+
+def _hints(factory: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
+    except Exception:  # noqa: BLE001 - unresolvable annotations (or none at all): nothing to check
+        return {}
+
+
+def _parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return []
 
 
 def arg_type(kind: Callable[[str], Any], rule: Rule) -> Callable[[str], Any]:

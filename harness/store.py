@@ -179,10 +179,10 @@ class RunStore:
             old = read_config(cfg_path)
             if old.result_dict() != cfg.result_dict():
                 diff = sorted(k for k, v in cfg.result_dict().items() if old.result_dict().get(k) != v)
-                raise ValueError(f"run directory {str(self.dir)!r} holds a run with different settings ({', '.join(diff)}); "
+                raise ResumeMismatchError(f"run directory {str(self.dir)!r} holds a run with different settings ({', '.join(diff)}); "
                                  "use another --run-id or --out, or delete that directory to start over")
             if old.batch_size != cfg.batch_size:  # attack seeds are drawn per batch: a new size changes results
-                raise ValueError(f"run directory {str(self.dir)!r} was run with --batch-size {old.batch_size}; resume it "
+                raise ResumeMismatchError(f"run directory {str(self.dir)!r} was run with --batch-size {old.batch_size}; resume it "
                                  f"with the same --batch-size (got {cfg.batch_size}) so the remaining shards match")
             prov = load_provenance(self.dir)
             forced = list(prov.get("forced_resumes", []))

@@ -14,6 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from harness.errors import UsageError
+
 Norm = Literal["Linf", "L2", "L1"]
 NORMS: tuple[str, ...] = ("Linf", "L2", "L1")
 TOLERANCE = 1e-5  # relative: of max(eps, bounds range) for the ball, of the bounds range for the bounds
@@ -105,8 +107,8 @@ def check_data_in_bounds(x: Tensor, bounds: tuple[float, float], who: str = "the
     if x.numel() == 0:
         return
     if not torch.isfinite(x).all():
-        raise ValueError("the data contain NaN/inf values; clean inputs must be finite")
+        raise UsageError("the data contain NaN/inf values; clean inputs must be finite")
     xmin, xmax, slack = float(x.min()), float(x.max()), tolerance * (hi - lo)
     if xmin < lo - slack or xmax > hi + slack:
-        raise ValueError(f"{who} declares input bounds ({lo:g}, {hi:g}) but the data lie in [{xmin:.4g}, {xmax:.4g}]; "
+        raise UsageError(f"{who} declares input bounds ({lo:g}, {hi:g}) but the data lie in [{xmin:.4g}, {xmax:.4g}]; "
                          "the bounds must contain the data (set Defense(bounds=...) to the data's range, e.g. (0, 1))")

@@ -2,10 +2,11 @@
 interval, the exact McNemar p-value, subset rank-flip probability and the planner's n.
 
 Two runs are ranked only when everything that changes attack strength or scoring matches
-(:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the battery
-(its attacks in order and each entry's options, escalations included) and, per attack,
-the record columns :data:`harness.attack.BUDGET_COLUMNS` (ε, norm, iterations, restarts, step size,
-schedule, loss, EOT, gradient mode, queries, noise samples).
+(:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the attacks'
+autocast precision, the battery (its attacks in order and each entry's options, escalations included)
+and, per attack, the record columns :data:`harness.attack.BUDGET_COLUMNS` (ε, norm, iterations,
+restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples). An attack column is
+compared only between runs of the same mode (cascade: worst case so far; --every-attack: that attack alone).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from harness.resolve import RESOLVER_OPTIONS
 from harness.subsets import rank_flip_probability
 
 from .load import RunData, load_run
-from .outcomes import CRITERION_TEXT, check_criterion, outcome_table
+from .outcomes import CRITERION_TEXT, WORST, check_criterion, outcome_table
 
 
 class BudgetMismatchError(ValueError):
@@ -85,6 +86,9 @@ def budget_mismatches(a: RunData, b: RunData) -> list[str]:
         problems.append(f"sample indices differ: {len(ia)} in {na}, {len(ib)} in {nb}, {shared} shared")
     if _repeats(a) != _repeats(b):
         problems.append(f"evaluation repeats R = {_repeats(a)} in {na} but {_repeats(b)} in {nb}")
+    autocast_a, autocast_b = a.config.get("autocast", "none"), b.config.get("autocast", "none")
+    if autocast_a != autocast_b:  # the attacks' arithmetic precision, so their strength
+        problems.append(f"autocast = {autocast_a} in {na} but {autocast_b} in {nb}")
     sa, sb = _stages(a), _stages(b)
     only_a, only_b = [k for k in sa if k not in sb], [k for k in sb if k not in sa]
     if only_a or only_b:
@@ -112,6 +116,13 @@ def budget_summary(run: RunData) -> str:
     return "; ".join(parts)
 
 
+def _column_meaning(outcomes: pd.DataFrame, column: str) -> str:
+    """What an attack column measures: in a cascade run the worst case so far, in an --every-attack run
+    that attack alone."""
+    return f"the worst case up to {column} (cascade)" if outcomes.attrs["cumulative"] else \
+        f"{column} alone (--every-attack)"
+
+
 def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack_b: str | None = None,
                  criterion: str = "all",
                  allow_mismatch: bool = False, confidence: float = 0.95, alpha: float = 0.05, seed: int = 0,
@@ -124,14 +135,18 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
     attack_b = attack_b or attack
     a, b = load_run(run_a), load_run(run_b)
     problems = [] if Path(run_a).resolve() == Path(run_b).resolve() else budget_mismatches(a, b)
-    if problems and not allow_mismatch:
-        raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
-                                  "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
     oa = outcome_table(a.records, criterion, config=a.config)
     ob = outcome_table(b.records, criterion, config=b.config)
     for run, o, col in ((a, oa, attack), (b, ob, attack_b)):
         if col not in o.columns:
             raise ValueError(f"{run.run_id} has no column {col!r}; available: {', '.join(o.columns)}")
+    if attack not in ("clean", WORST) and attack_b not in ("clean", WORST) and \
+            oa.attrs["cumulative"] != ob.attrs["cumulative"]:  # the worst case is the same quantity in both modes
+        problems.append(f"{attack} column: {_column_meaning(oa, attack)} in {a.run_id} but "
+                        f"{_column_meaning(ob, attack_b)} in {b.run_id}")
+    if problems and not allow_mismatch:
+        raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
+                                  "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
     xa, xb = oa[attack], ob[attack_b]
     c = f"{confidence * 100:g}%"
     what = attack if attack == attack_b else f"{attack} (A) vs {attack_b} (B)"

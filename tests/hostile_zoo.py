@@ -5,6 +5,7 @@ Each builds on the tiny CNN of ``helpers_attacks`` (3x8x8 inputs, 10 classes):
 - ``nan-off-grid``: NaN logits for any input with a pixel off the 1/255 grid (i.e. any perturbed image);
 - ``inf-off-grid``: +inf on the top logit for any such input;
 - ``logits-7`` / ``logits-12``: 7 or 12 outputs while 10 classes are declared;
+- ``int-logits``: integer outputs (scaled and truncated logits);
 - ``shrinking-purifier``: a purifier that halves the image size (the classifier's pooling hides it);
 - ``hidden-noise``: a purifier that adds noise, declared deterministic;
 - ``narrow-bounds``: ``bounds=(0, 0.5)`` declared for data in [0, 1].
@@ -21,7 +22,8 @@ from harness.attack import ATTACKS, list_attacks
 from harness.defense import Defense
 from helpers_attacks import NUM_CLASSES, attack_batch, tiny_cnn
 
-HOSTILE = ("nan-off-grid", "inf-off-grid", "logits-7", "logits-12", "shrinking-purifier", "hidden-noise", "narrow-bounds")
+HOSTILE = ("nan-off-grid", "inf-off-grid", "logits-7", "logits-12", "int-logits", "shrinking-purifier", "hidden-noise",
+           "narrow-bounds")
 NONFINITE = ("nan-off-grid", "inf-off-grid")
 GRID = 255
 
@@ -69,6 +71,15 @@ class Head(nn.Module):
         return self.map(self.net(x))
 
 
+class IntLogits(nn.Module):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (self.net(x) * 100).long()
+
+
 class Shrink(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return nn.functional.avg_pool2d(x, 2)
@@ -86,6 +97,8 @@ def make_hostile(kind: str) -> Defense:
     if kind in ("logits-7", "logits-12"):
         torch.manual_seed(0)
         return Defense(Head(net, int(kind.split("-")[1])), None, num_classes=NUM_CLASSES, name=kind)
+    if kind == "int-logits":
+        return Defense(IntLogits(net), None, num_classes=NUM_CLASSES, name=kind)
     if kind == "shrinking-purifier":
         return Defense(net, Shrink(), num_classes=NUM_CLASSES, name=kind)
     if kind == "hidden-noise":

@@ -102,6 +102,8 @@ def test_internal_error_is_one_line_with_the_verbose_hint(monkeypatch, capsys):
     (["--eot", "0"], "--eot must be an integer >= 1, got 0"),
     (["--n", "0"], "--n must be an integer >= 1 or 'all', got 0"),
     (["--eot", "two"], "argument --eot: invalid int value: 'two'"),
+    (["--attack-opt", "step_size=nan"], "attack 'pgd': option 'step_size' must be a finite number, got nan"),
+    (["--attack-opt", 'random_start="false"'], "attack 'pgd': option 'random_start' must be true or false"),
 ])
 def test_bad_run_flags_name_the_flag(factories, tiny_data_root, tmp_path, capsys, flags, expect):
     code, err = _run(["--defense", f"{factories}:make", "--attacks", "pgd", *flags], tiny_data_root, tmp_path, capsys)
@@ -197,3 +199,24 @@ def test_unknown_preset_and_missing_run_are_user_errors(factories, tiny_data_roo
     assert main(["report", str(tmp_path / "no-such-run")]) == 2
     line = _one_line_error(2, capsys.readouterr().err)
     assert "no-such-run" in line and "does not exist" in line and "-v" not in line
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["--device", "tpu"], "unknown device 'tpu'; accepted: auto, cpu"),
+    (["--grad", "surrogate"], "offers no surrogate gradient; use grad mode 'full' or 'bpda'"),
+    (["--attack-opt", "pgd.grad=xyz"], "gradient mode 'xyz'; accepted: full, bpda, surrogate"),
+    (["--eps", "0.1"], "holds a run with different settings (eps)"),  # same --run-id as the finished run below
+])
+def test_user_mistakes_in_a_run_are_not_reported_as_internal_errors(factories, tiny_data_root, tmp_path, capsys,
+                                                                    extra, expect):
+    """A mistake the message alone explains gets no "run with -v for the traceback" hint (that marks harness bugs)."""
+    base = ["--defense", f"{factories}:make", "--attacks", "pgd", "--attack-opt", "steps=1", "--n", "2",
+            "--run-id", "same", "--no-escalate"]
+    assert _run(base, tiny_data_root, tmp_path, capsys)[0] == 0
+    line = _one_line_error(*_run([*base, *extra], tiny_data_root, tmp_path, capsys))
+    assert expect in line and "-v" not in line, line
+
+
+def test_plan_of_two_equal_accuracies_is_a_user_error(capsys):
+    line = _one_line_error(*_main(["plan", "--a", "62", "--b", "62"], capsys)[::2])
+    assert "zero difference" in line and "-v" not in line, line

@@ -82,3 +82,23 @@ def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, t
     (b / "config.toml").write_text(dumps(cfg))
     assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 0
     assert "Budgets matched" in capsys.readouterr().out
+
+
+def test_autocast_and_column_meaning_are_compared(run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """bf16 autocast changes the attacks' arithmetic (so their strength); an attack column means the worst case so
+    far in a cascade run but that attack alone in an --every-attack run, so those two columns are not comparable."""
+    from harness.config import dumps
+    from harness.store import load_config
+
+    b = write_synthetic_run(tmp_path / "b", **BASE)
+    cfg = load_config(b)
+    cfg.autocast = "bf16"
+    (b / "config.toml").write_text(dumps(cfg))
+    assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 3
+    assert "autocast = none in a but bf16 in b" in capsys.readouterr().err
+    alone = write_synthetic_run(tmp_path / "alone", **BASE, cascade=False)
+    assert main(["compare", str(run_a), str(alone), "--resamples", "1000"]) == 0  # the worst case is one quantity
+    assert "Budgets matched" in capsys.readouterr().out
+    assert main(["compare", str(run_a), str(alone), "--attack", "square", "--resamples", "1000"]) == 3
+    assert ("square column: the worst case up to square (cascade) in a but square alone (--every-attack) in alone"
+            in capsys.readouterr().err)

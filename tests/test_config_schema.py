@@ -87,3 +87,34 @@ def test_classifier_dataset_mismatch_warns():
     assert config_warnings(RunConfig(dataset="svhn"), trained_on=None) == []
     (warning,) = config_warnings(RunConfig(dataset="svhn"), trained_on="cifar10")
     assert "cifar10" in warning and "svhn" in warning
+
+
+@pytest.mark.parametrize("attack, options, expect", [
+    ("pgd", {"random_start": "false"}, r"attack 'pgd': option 'random_start' must be true or false.*got the string 'false'"),
+    ("pgd", {"steps": "10"}, r"attack 'pgd': option 'steps' must be an integer, got the string '10'"),
+    ("pgd", {"step_size": math.nan}, r"attack 'pgd': option 'step_size' must be a finite number, got nan"),
+    ("pgd", {"eps": math.nan}, r"attack 'pgd': option 'eps' must be a finite number, got nan"),
+    ("square", {"queries": 5.5}, r"attack 'square': option 'queries' must be an integer, got 5.5"),
+])
+def test_attack_options_are_checked_against_the_attack_type_hints(attack, options, expect):
+    """Battery files and --attack-opt values meet the same type rules as the run config: a quoted "false" is not
+    taken as true, and a NaN step size does not silently turn the attack into a no-op (robust = clean)."""
+    from harness.errors import UsageError
+    from harness.presets import AttackSpec
+
+    with pytest.raises(UsageError, match=expect):
+        AttackSpec(attack, attack, options).build(8 / 255, "Linf")
+    assert AttackSpec("pgd", "pgd", {"steps": 3, "step_size": 1, "random_start": False}).build(8 / 255, "Linf").steps == 3
+
+
+@pytest.mark.parametrize("defense, options, expect", [
+    ("bit-depth", {"bits": "3"}, r"defense 'bit-depth': option 'bits' must be an integer, got the string '3'"),
+    ("none", {"unsafe_load": "false"}, r"option 'unsafe_load' must be true or false.*got the string 'false'"),
+])
+def test_defense_options_are_checked_against_the_factory_type_hints(defense, options, expect):
+    """A quoted "false" for unsafe_load must not switch on unpickling a checkpoint."""
+    from harness.defense import create_defense
+    from harness.errors import UsageError
+
+    with pytest.raises(UsageError, match=expect):
+        create_defense(defense, **options)

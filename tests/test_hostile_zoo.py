@@ -61,6 +61,27 @@ def test_unbounded_pgd_from_the_clean_image_keeps_nonfinite_points():
         assert res.success.all() and off_grid(res.x_adv).all(), kind
 
 
+def test_large_eps_diagnostic_counts_nonfinite_points_as_broken():
+    """The diagnostic's own unbounded PGD (harness.diagnostics) on samples an attack failed on: it must reach
+    the points with non-finite outputs and count them as broken, not report 'masking' from the clean images."""
+    from harness.attack import Attack, AttackResult
+
+    class Stays(Attack):  # a gradient attack that fails everywhere: it returns the clean inputs
+        name = "test-stays"
+
+        def run(self, target, x, y, *, seed):
+            return AttackResult(x.clone(), torch.zeros(len(y), dtype=torch.bool))
+
+    x, y = grid_batch(6)
+    for kind in NONFINITE:
+        outcome, _, _ = run_stage(1, AttackSpec("stays", "pgd", {}), Stays(eps=EPS), make_hostile(kind), x, y,
+                                  torch.ones(len(y), dtype=torch.bool), grad="full", eot=1, repeats=1, run_seed=0,
+                                  shard=0, batch_size=8)
+        assert outcome.robust_after.all()  # nothing was broken: the diagnostics examine every sample
+        codes = {f.code for f in diagnostics.after_stage(outcome)}
+        assert "masking-large-eps" not in codes and "noise-beats-attack" in codes, (kind, codes)
+
+
 def _cfg(root, out, **kw) -> RunConfig:
     base = dict(defense="zoo", data_root=str(root), out=str(out), n=16, seed=0, attacks="quick", eps=8 / 255,
                 shard_size=16, batch_size=16, eval_repeats=1, eot=1, device="cpu", quiet=True, escalate=False,
@@ -90,13 +111,16 @@ def test_quick_run_on_a_nan_wrapper_reports_zero_robust_and_flags_it(tiny_data_r
 @pytest.mark.parametrize("kind,match", [
     ("logits-7", r"'logits-7' returned outputs of shape \(\d+, 7\).*expected \(N, num_classes\) = \(\d+, 10\)"),
     ("logits-12", r"'logits-12' returned outputs of shape \(\d+, 12\).*expected \(N, num_classes\) = \(\d+, 10\)"),
+    ("int-logits", r"'int-logits' returned outputs of dtype torch.int64; logits must be floating point"),
     ("shrinking-purifier", r"'shrinking-purifier': the purifier changed the input's shape from \(\d+, 3, 32, 32\) "
                            r"to \(\d+, 3, 16, 16\)"),
     ("hidden-noise", r"'hidden-noise' is declared deterministic but two identical forward passes.*stochastic=True"),
     ("narrow-bounds", r"declares input bounds \(0, 0.5\) but the data lie in \[0, 1\].*must contain the data"),
 ])
 def test_misdeclared_defense_stops_the_run_before_any_shard(kind, match, tiny_data_root, tmp_path):
-    with pytest.raises(ValueError, match=match):
+    from harness.errors import UsageError  # the defense author's mistake: one line, no "internal error" hint
+
+    with pytest.raises(UsageError, match=match):
         runner.run(_cfg(tiny_data_root, tmp_path, defense=kind), defense=make_hostile(kind))
     assert not list(tmp_path.rglob("shard-*.parquet"))
 

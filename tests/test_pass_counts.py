@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from harness.defense import Defense
-from harness.passes import Budget, counting
+from harness.passes import COUNTS, Budget, counting
 from harness.presets import AttackSpec
 from harness.stage import clean_stage, run_stage
 from harness.target import Target
@@ -96,6 +96,47 @@ def test_recorded_passes_equal_what_the_networks_saw(name):
         assert cols[key][1:].sum() == pytest.approx(value), f"{name}: {key}"
     if name == "bpda-eot":  # the purifier runs without gradients under BPDA
         assert truth["purifier_backward"] == 0 and truth["classifier_backward"] > 0
+
+
+
+# autoattack* run fixed upstream budgets (minutes at eps = 0); they are built from the APGD, FAB and Square covered here
+HONOUR = sorted(n for n in ZOO_OPTIONS if not n.startswith("autoattack"))
+
+
+@pytest.mark.parametrize("name", HONOUR)
+def test_every_attack_runs_the_resolved_eot_and_gradient_mode(name):
+    """What the resolver decides is what runs and what the row says: EOT 3 spends three times the gradient
+    passes (queries for gradient-free attacks) of EOT 1, and under BPDA no classifier gradient goes back
+    through the purifier. eps = 0 and a deterministic defense: every setting does the same iterations."""
+    x, y = attack_batch(3)
+    options = {k: v for k, v in ZOO_OPTIONS[name].items() if k not in ("eps", "norm")}
+    norm = ZOO_OPTIONS[name].get("norm", "Linf")
+    spec = AttackSpec(name, name, options)
+    caps = spec.build(0.0, norm).capabilities
+    cols = {}
+    for grad, eot in (("full", 1), ("full", 3), ("bpda", 1)):
+        torch.manual_seed(0)  # the same purifier weights for every setting
+        d, _, _ = counted_defense()
+        _, c, _ = run_stage(1, spec, spec.build(0.0, norm), d, x, y, torch.ones(3, dtype=torch.bool), grad=grad,
+                            eot=eot, repeats=1, run_seed=0, shard=0, batch_size=3)
+        cols[grad, eot] = {k: v if isinstance(v, (str, int)) else float(v.sum()) for k, v in c.items()
+                           if k in ("eot", "grad_mode", *COUNTS)}
+    one, three, bpda = cols["full", 1], cols["full", 3], cols["bpda", 1]
+    if not caps.supports_eot:  # transfer: EOT 1 whatever is asked, and the row says so
+        assert three == one and three["eot"] == 1
+    elif caps.uses_gradients:
+        assert three["eot"] == 3 and three["classifier_backward"] == pytest.approx(3 * one["classifier_backward"])
+        assert one["classifier_backward"] > 0
+    else:  # each query scored over the EOT draws; the evaluation adds one forward pass per sample
+        assert three["eot"] == 3 and three["classifier_forward"] - 3 == pytest.approx(3 * (one["classifier_forward"] - 3))
+        assert one["classifier_forward"] > 3 and one["classifier_backward"] == 0
+    fixed = caps.fixed_grad_mode if caps.uses_gradients else "none"
+    assert (one["grad_mode"], bpda["grad_mode"]) == (fixed or "full", fixed or "bpda")
+    if caps.uses_gradients:
+        if name == "joint-rec":  # also descends the purifier's own reconstruction loss, through the purifier
+            assert 0 < bpda["purifier_backward"] < one["purifier_backward"]
+        else:  # a fixed BPDA attack (bpda-eot) never goes back through the purifier, even when asked for full
+            assert bpda["purifier_backward"] == 0 and (one["purifier_backward"] > 0) != bool(fixed)
 
 
 def test_clean_stage_counts_every_evaluation_repeat():

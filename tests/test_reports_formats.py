@@ -77,6 +77,19 @@ def test_json_schema_and_values(runs: list[Path]) -> None:
     assert set(by["worst-case"]["flags"]) == {"loss-flat", "non-finite-logits"}
 
 
+
+def test_zero_robust_cell_has_a_real_interval_in_every_format(tmp_path: Path) -> None:
+    """0 of 200 robust (what make demo shows): never the zero-width [0, 0] of the bootstrap, in any format."""
+    run = write_synthetic_run(tmp_path / "zero", n=200, clean=0.95, robust=[("apgd-ce", 0.0)], seed=0)
+    rows = {r["attack"]: r for r in json.loads(render([run], "json", n_resamples=1000))["rows"]}
+    for name in ("apgd-ce", "worst-case"):
+        row = rows[name]
+        assert row["accuracy"] == row["ci_low"] == 0 and row["ci_high"] > 0.01 and row["ci_method"] == "clopper-pearson"
+    high = f"{100 * rows['worst-case']['ci_high']:.1f}"
+    assert f"0.0 CP[0.0, {high}]" in render([run], "markdown", n_resamples=1000)
+    assert f"0.0 CP[0.0, {high}]" in render([run], "csv", n_resamples=1000)
+
+
 def _tiny_records() -> pd.DataFrame:
     """4 samples, 2 attacks, cascade: s0 robust throughout, s1 broken by attack 1, s2 misclassified clean,
     s3 robust but its last evaluation had non-finite logits (wrongly marked correct by a buggy writer)."""

@@ -119,6 +119,16 @@ def test_resume_with_other_weights_is_refused(tiny_data_root, tmp_path):
         runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="w"), defense=_tiny(1))
 
 
+def test_resume_with_other_package_versions_is_refused(tiny_data_root, tmp_path, monkeypatch):
+    from harness import fingerprint
+
+    runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="v"), defense=_tiny())
+    real = fingerprint.package_versions
+    monkeypatch.setattr(fingerprint, "package_versions", lambda names: {**real(names), "torchattacks": "0.0-other"})
+    with pytest.raises(ResumeMismatchError, match=r"package versions \(torchattacks: .* -> 0\.0-other\)"):
+        runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="v"), defense=_tiny())
+
+
 def test_resume_on_other_data_is_refused(tiny_data_root, tmp_path):
     run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16), defense=_tiny())
     other = tmp_path / "other-data"

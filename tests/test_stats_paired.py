@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.stats import bootstrap
 from harness.paired import compare_outcomes, compare_paired, mcnemar_exact, newcombe_difference, two_proportion_test
 
 
@@ -48,7 +49,7 @@ def test_paired_test_detects_real_difference() -> None:
     res = compare_paired(better.astype(float), base.astype(float), n_resamples=2_000)
     assert res.paired and res.p_value < 1e-3 and res.difference.low > 0
     assert res.b_only == 0 and res.a_only == int((better & ~base).sum())
-    assert res.difference.method == "paired-bootstrap-bca"
+    assert res.difference.method == "paired-newcombe-score"  # no pair favours b: the bootstrap cannot resolve that tail
 
 
 def test_mcnemar_exact_values() -> None:
@@ -86,3 +87,42 @@ def test_paired_length_mismatch_is_an_error() -> None:
         compare_paired(np.ones(3), np.ones(4))
     with pytest.raises(ValueError, match="0/1"):
         mcnemar_exact(np.array([0.5]), np.array([1.0]))
+
+
+# (both right, only a right, only b right) per sample; the rest are wrong in both. Few discordant pairs, near 0 and 1.
+EDGE_TABLES = [(0.0, 0.004, 0.0), (0.0, 0.001, 0.001), (0.3, 0.01, 0.0), (0.6, 0.0, 0.02), (0.9, 0.02, 0.01),
+               (0.99, 0.005, 0.0), (0.97, 0.0, 0.03)]
+
+
+def _paired_from_counts(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.r_[np.ones(k[0]), np.ones(k[1]), np.zeros(k[2]), np.zeros(k[3])]
+    b = np.r_[np.ones(k[0]), np.zeros(k[1]), np.ones(k[2]), np.zeros(k[3])]
+    return a, b
+
+
+@pytest.mark.parametrize("n", [100, 512])
+def test_paired_difference_interval_covers_when_few_pairs_disagree(n: int) -> None:
+    """Simulated coverage of compare's interval for the difference, 2,000 datasets per table. The interval
+    depends only on the 2x2 counts, so each distinct table is computed once."""
+    rng = np.random.default_rng(n)
+    for p11, p10, p01 in EDGE_TABLES:
+        cache: dict[tuple[int, ...], tuple[float, float]] = {}
+        hits = 0
+        for _ in range(2_000):
+            k = rng.multinomial(n, [p11, p10, p01, 1 - p11 - p10 - p01])
+            if tuple(k) not in cache:
+                d = compare_paired(*_paired_from_counts(k), n_resamples=2_000).difference
+                cache[tuple(k)] = (d.low, d.high)
+            low, high = cache[tuple(k)]
+            hits += low - 1e-12 <= p10 - p01 <= high + 1e-12
+        assert hits / 2_000 >= 0.935, (n, p11, p10, p01, hits / 2_000)
+
+
+def test_paired_bootstrap_alone_collapses_when_no_pair_disagrees() -> None:
+    """The bootstrap of per-sample differences has zero width when no pair disagrees (two runs both at 0 of
+    200): that is why few discordant pairs fall back to Newcombe's paired score interval."""
+    zeros = np.zeros(200)
+    boot = bootstrap(zeros - zeros, n_resamples=2_000)
+    assert boot.low == boot.high == 0.0
+    d = compare_paired(zeros, zeros).difference
+    assert d.method == "paired-newcombe-score" and d.low < -0.01 and d.high > 0.01

@@ -20,18 +20,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from harness import atomic
+from harness.training import (Recipe, Trainer, add_loop_arguments, command_line, load_cifar10_train, recipe_main,
+                              recipe_paths, register_recipe)
 
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
-from .train import (_batch, _lr, add_loop_arguments, batch_index, load_cifar10_train, recipe_main, recipe_paths,
-                    resume, save_weights)
+from .train import _batch, _lr, batch_index, save_weights
 
 log = logging.getLogger(__name__)
 
@@ -61,57 +59,31 @@ def finetune(args: argparse.Namespace) -> dict:
                             mask_ratio=args.mask_ratio, tau=args.tau).to(device)
     classifier = load_classifier(args.classifier).to(device).eval().requires_grad_(False)
     opt = torch.optim.AdamW(mae.parameters(), lr=args.lr, weight_decay=0.0)
-    step, history = resume(state_path, mae, opt, device, restart=args.restart)
     images, labels = load_cifar10_train(args.data_root)
-    command = " ".join(["python -m defenses.amrm_pure.finetune", *sys.argv[1:]])
+    trainer = Trainer("ramrm", args, mae, opt, state_path, lambda rec: save_weights(mae, out, rec),
+                      command_line(args, "defenses.amrm_pure.finetune"), ema_decay=0.95,
+                      extra_record=lambda: {"batch_size": args.batch_size, "lr": args.lr, "eps": args.eps,
+                                            "purify_steps": args.purify_steps, "beta": args.beta, "base_mae": str(args.mae),
+                                            "recipe_file": "R-AMRM-Pure fine-tuning (defenses/amrm_pure/finetune.py)"})
+    trainer.resume(device)
 
-    def record(loss_ema: float | None) -> dict:
-        return {"steps": step, "batch_size": args.batch_size, "lr": args.lr, "eps": args.eps, "purify_steps": args.purify_steps,
-                "beta": args.beta, "base_mae": str(args.mae), "final_loss_ema": loss_ema, "loss_history": history,
-                "command": command, "recipe": "R-AMRM-Pure fine-tuning (defenses/amrm_pure/finetune.py)"}
+    def step(i: int) -> dict[str, float]:
+        for group in opt.param_groups:
+            group["lr"] = _lr(i, args.steps, args.lr, max(1, args.steps // 20))
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + i)
+        x = _batch(images, i, args.batch_size, args.seed, device)
+        y = labels[batch_index(images.shape[0], i, args.batch_size, args.seed)[0]].to(device)
+        x_adv = _pgd(classifier, x, y, args.eps, args.attack_steps, gen)
+        mae.requires_grad_(True)
+        cls = F.cross_entropy(classifier(purifier.forward_surrogate(x_adv)), y)
+        rec = purifier.rec_loss(x).mean()
+        loss = cls + args.beta * rec
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return {"loss": loss.item(), "cls": cls.item(), "rec": rec.item()}
 
-    def checkpoint(loss_ema: float | None) -> None:
-        with atomic.atomic_path(state_path) as tmp:
-            torch.save({"model": mae.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history},
-                       tmp)
-        save_weights(mae, out, record(loss_ema))
-
-    loss_ema = history[-1][1] if history else None
-    bar = tqdm(total=args.steps, initial=step, desc="ramrm", unit="step", disable=args.no_progress)
-    start, first_step = time.time(), step
-    try:
-        while step < args.steps:
-            for group in opt.param_groups:
-                group["lr"] = _lr(step, args.steps, args.lr, max(1, args.steps // 20))
-            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-            x = _batch(images, step, args.batch_size, args.seed, device)
-            y = labels[batch_index(images.shape[0], step, args.batch_size, args.seed)[0]].to(device)
-            x_adv = _pgd(classifier, x, y, args.eps, args.attack_steps, gen)
-            mae.requires_grad_(True)
-            cls = F.cross_entropy(classifier(purifier.forward_surrogate(x_adv)), y)
-            rec = purifier.rec_loss(x).mean()
-            loss = cls + args.beta * rec
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            value = loss.item()
-            loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_ema:.4f}", cls=f"{cls.item():.3f}", rec=f"{rec.item():.4f}")
-            if step % args.log_every == 0 or step == args.steps:
-                history.append([step, loss_ema])
-                log.info("step %d/%d loss (EMA) %.4f (cls %.4f, rec %.5f), %.1f s/step", step, args.steps, loss_ema,
-                         cls.item(), rec.item(), (time.time() - start) / max(1, step - first_step))
-            if step % args.checkpoint_every == 0:
-                checkpoint(loss_ema)
-    except KeyboardInterrupt:
-        checkpoint(loss_ema)
-        raise
-    finally:
-        bar.close()
-    checkpoint(loss_ema)
-    return record(loss_ema)
+    return trainer.run(args.steps, step)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     return recipe_main(argv, "defenses.amrm_pure.finetune", __doc__, add_arguments, finetune)
 
+
+register_recipe(Recipe("ramrm", "fine-tune the MAE through the purifier with the classifier's cross-entropy",
+                       add_arguments, finetune, description=__doc__.split("\n\n")[0]))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,6 +2,8 @@
 checked by the run-config schema in :mod:`harness.config`). Each names the accepted range."""
 from __future__ import annotations
 
+import argparse
+
 from harness.config import RULES
 from harness.schema import Rule, arg_type
 
@@ -13,3 +15,14 @@ COUNT = arg_type(int, Rule(low=1))
 SEED = arg_type(int, RULES["seed"])
 # BCa intervals need about 1,000 resamples or more for stable tail quantiles (Efron & Tibshirani 1993, ch. 14)
 RESAMPLES = arg_type(int, Rule(low=1000))
+
+
+def number_or_fraction(text: str) -> float:
+    """An argparse type for budgets: ``0.03`` or ``8/255``."""
+    try:
+        if "/" in text:
+            num, den = text.split("/")
+            return float(num) / float(den)
+        return float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a number or a fraction like 8/255, got {text!r}") from None

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.cli.argtypes import number_or_fraction
 from harness.config import RunConfig, config_from_mapping, load_toml, merge, parse_key_values
 from harness.defense import GRAD_MODES
 from harness.errors import UsageError
@@ -30,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", choices=["cifar10", "cifar100", "svhn"], help="[default: cifar10]")
     p.add_argument("--data-root", help="data directory [default: $HARNESS_DATA, else ~/.cache/harness/data]")
     p.add_argument("--download", action="store_true", default=None, help="let torchvision download the dataset if missing")
-    p.add_argument("--eps", type=_eps, help="perturbation budget, a number or a fraction like 8/255 [default: 8/255]")
+    p.add_argument("--eps", type=number_or_fraction, help="perturbation budget, a number or a fraction like 8/255 [default: 8/255]")
     p.add_argument("--norm", choices=["Linf", "L2", "L1"], help="[default: Linf]")
     p.add_argument("--grad", choices=GRAD_MODES, help="gradient mode through the purifier for every attack that does not fix its own [default: full]")
     p.add_argument("--eot", type=int, help="EOT draws per gradient for every attack that takes them (see docs/presets.md for the precedence) [default: 1, or 20 on a stochastic defense]")
@@ -53,16 +54,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="resume even if the defense source or weights, the data, package versions or the harness "
                         "commit changed since the run started (recorded in provenance.json)")
     p.set_defaults(func=main)
-
-
-def _eps(text: str) -> float:
-    try:
-        if "/" in text:
-            a, b = text.split("/")
-            return float(a) / float(b)
-        return float(text)
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"--eps must be a number or a fraction like 8/255, got {text!r}") from None
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

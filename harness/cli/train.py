@@ -1,51 +1,72 @@
-"""``harness train mae|ramrm ...``: training recipes for the models defenses need.
+"""``harness train RECIPE ...``: training recipes for the models defenses need.
 
-- ``mae``: the masked autoencoder AMRM-Pure purifies with (same options as
-  ``python -m defenses.amrm_pure.train``).
-- ``ramrm``: fine-tune that MAE with the classifier's cross-entropy through the purifier
-  (R-AMRM-Pure, AToP-style; same options as ``python -m defenses.amrm_pure.finetune``).
+One subcommand per registered recipe (:mod:`harness.training`): the built-in ``at``/``a3`` (fast
+adversarial training of the small CIFAR-10 CNN, without and with the A3 module), ``mae`` (the
+masked autoencoder AMRM-Pure purifies with) and ``ramrm`` (fine-tune that MAE through the purifier),
+plus any recipe a package registers through the entry-point group ``harness.recipes``.
 """
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
+import shlex
+from functools import partial
+
+from harness.registry import RegistryError
+from harness.training import Recipe, get_recipe, recipe_names
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from defenses.amrm_pure import finetune, train
-
-    p = subparsers.add_parser("train", help="train models used by defenses (the AMRM-Pure MAE, R-AMRM fine-tuning)",
+    p = subparsers.add_parser("train", help="train models used by defenses (adversarial training, A3, the AMRM-Pure MAE)",
                               description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="model", metavar="MODEL", required=True)
-    mae = sub.add_parser("mae", help="masked autoencoder on the CIFAR-10 train split (resumable)",
-                         description=train.__doc__.split("\n\n")[0])
-    train.add_arguments(mae)
-    mae.set_defaults(func=_run_mae)
-    ram = sub.add_parser("ramrm", help="fine-tune the MAE through the purifier with the classifier's cross-entropy",
-                         description=finetune.__doc__.split("\n\n")[0])
-    finetune.add_arguments(ram)
-    ram.set_defaults(func=_run_ramrm)
+    sub = p.add_subparsers(dest="model", metavar="RECIPE", required=True)
+    for name in recipe_names():
+        try:
+            recipe = get_recipe(name)
+        except RegistryError as exc:  # a broken plugin must not break every other command
+            sub.add_parser(name, help=f"(failed to load: {exc})").set_defaults(func=partial(_broken, exc))
+            continue
+        sp = sub.add_parser(name, help=recipe.help, description=recipe.description or recipe.help)
+        recipe.add_arguments(sp)
+        sp.set_defaults(func=partial(_run, recipe, sp))
 
 
-def _verbose() -> None:
-    logging.getLogger("defenses.amrm_pure").setLevel(logging.INFO)
+# session controls: they do not change what is trained, so the recorded command leaves them out
+_SESSION_FLAGS = frozenset({"help", "restart", "pause_at", "command_line"})
 
 
-def _run_mae(args: argparse.Namespace) -> int:
-    from defenses.amrm_pure import train
+def spelled_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """``harness train NAME`` with every option's value written out (defaults included), so the
+    recorded command reproduces the run whatever the defaults become."""
+    parts = ["harness", "train", parser.prog.split()[-1]]
+    for action in parser._actions:  # argparse keeps no public list of a parser's options
+        if not action.option_strings or action.dest in _SESSION_FLAGS:
+            continue
+        value = getattr(args, action.dest, None)
+        if isinstance(action, argparse._StoreTrueAction):
+            parts += [action.option_strings[-1]] if value else []
+        elif isinstance(value, list):  # repeatable options
+            parts += [part for item in value for part in (action.option_strings[-1], shlex.quote(str(item)))]
+        elif value is not None:
+            parts += [action.option_strings[-1], shlex.quote(str(value))]
+    return " ".join(parts)
 
-    _verbose()
-    args.command_line = " ".join(["harness", *sys.argv[1:]])
-    rec = train.train(args)
-    print(f"trained {rec['steps']} steps; reconstruction loss (EMA) {rec['final_loss_ema']:.5f}; weights: {args.out}")
-    return 0
+
+def _broken(exc: RegistryError, args: argparse.Namespace) -> int:
+    raise exc
 
 
-def _run_ramrm(args: argparse.Namespace) -> int:
-    from defenses.amrm_pure import finetune
-
-    _verbose()
-    rec = finetune.finetune(args)
-    print(f"fine-tuned {rec['steps']} steps; loss (EMA) {rec['final_loss_ema']:.5f}; weights: {args.out}")
+def _run(recipe: Recipe, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    fn = recipe.run
+    while isinstance(fn, partial):
+        fn = fn.func
+    for name in ("harness.training", getattr(fn, "__module__", None)):  # the recipe's progress lines
+        if name:
+            logging.getLogger(name).setLevel(logging.INFO)
+    args.command_line = spelled_out(parser, args)
+    rec = recipe.run(args)
+    losses = ", ".join(f"{k} {v:.4f}" for k, v in (rec.get("final_losses") or {}).items())
+    done = "trained" if rec.get("finished", True) else "paused after"
+    print(f"{recipe.name}: {done} {rec['steps']} steps in {rec.get('wall_time_s', 0):.0f} s; final losses (EMA) "
+          f"{losses or '-'}; weights: {rec['weights']}")
     return 0
