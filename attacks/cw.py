@@ -2,7 +2,7 @@
 
 A minimum-norm attack on the margin loss with a fixed trade-off constant ``c``; the result is
 clipped to the threat model (``norm``, ``eps``; default the ℓ2 ball of radius 0.5, in a battery the
-run's threat model, e.g. the ℓ∞ ball) before evaluation; ``eps=inf`` keeps it unbounded.
+run's threat model, e.g. the ℓ∞ ball) before evaluation; built directly in Python, ``eps=inf`` keeps it unbounded (runs take finite budgets only).
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class TorchAttack(Attack):
 
     Args:
         cls: class name in ``torchattacks`` (e.g. ``"CW"``, ``"DeepFool"``, ``"PGDL2"``).
-        eps, norm: threat model for clipping and records (``eps=inf`` for unbounded minimum-norm attacks).
+        eps, norm: threat model for clipping and records (in Python, ``eps=inf`` for unbounded minimum-norm attacks; runs take finite budgets only).
         draws: draws for the final evaluation on stochastic defenses.
         **options: keyword options of the class (validated against its signature).
     """
