@@ -35,6 +35,22 @@ def tiny_defense(purifier: nn.Module | None = None, *, stochastic: bool = False,
     return Defense(TinyCNN(num_classes).eval(), purifier, num_classes=num_classes, stochastic=stochastic, name=name)
 
 
+def interrupt_at_shard(monkeypatch: pytest.MonkeyPatch, shard: int = 1):
+    """Make the runner raise KeyboardInterrupt when it reaches ``shard`` (a run killed part-way); returns the
+    real stage function, to put back for the resume."""
+    from harness import runner
+
+    real = runner.run_stage
+
+    def dies_at_shard(*args, **kwargs):
+        if kwargs["shard"] == shard:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_stage", dies_at_shard)
+    return real
+
+
 @pytest.fixture
 def make_tiny_defense():
     """Factory fixture: ``make_tiny_defense(purifier=None, stochastic=False)`` -> Defense around TinyCNN."""

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import harness.runner as runner
-from conftest import TinyCNN, write_model_labelled_npz
+from conftest import interrupt_at_shard, TinyCNN, write_model_labelled_npz
 from harness import atomic
 from harness.cli import main
 from harness.config import RunConfig
@@ -150,14 +150,7 @@ def _report(run_dir: Path, capsys, *extra: str) -> tuple[int, str, str]:
 
 
 def _killed_run(root: Path, out: Path, monkeypatch, **kw) -> Path:
-    real = runner.run_stage
-
-    def dies_on_second_shard(*args, **kwargs):
-        if kwargs["shard"] == 1:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "run_stage", dies_on_second_shard)
+    real = interrupt_at_shard(monkeypatch, 1)
     with pytest.raises(KeyboardInterrupt):
         runner.run(_cfg(root, out, run_id="killed", **kw), defense=_tiny())
     monkeypatch.setattr(runner, "run_stage", real)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import harness.runner as runner
-from conftest import TinyCNN
+from conftest import interrupt_at_shard, TinyCNN
 from defenses.gaussian_noise import GaussianNoise
 from harness.config import RunConfig
 from harness.defense import Defense
@@ -39,14 +39,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tiny_data_root, tmp_path, m
     assert sorted(ref.stage.unique()) == [0, 1, 2] and ref["index"].nunique() == 48
     assert ref.preds[ref.stage == 0].map(len).eq(3).all()  # R = 3 evaluation repeats recorded
 
-    real = runner.run_stage
-
-    def dies_on_second_shard(*args, **kwargs):
-        if kwargs["shard"] == 1:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "run_stage", dies_on_second_shard)
+    real = interrupt_at_shard(monkeypatch, 1)
     with pytest.raises(KeyboardInterrupt):
         runner.run(_cfg(tiny_data_root, tmp_path / "b"), defense=_noisy())
     run_dir = tmp_path / "b" / ref_dir.name
