@@ -253,7 +253,7 @@ class RunStore:
                 torch.save(adversarials, tmp)
         table = pa.Table.from_pandas(records[COLUMNS], schema=SCHEMA, preserve_index=False)
         with atomic.atomic_path(self.shard_path(shard)) as tmp:
-            pq.write_table(table, tmp)
+            pq.write_table(table, tmp, compression="zstd")  # records are committed: small beats fast here
 
     def read_adversarials(self, shard: int) -> dict[str, Any] | None:
         path = self.adv_dir / f"shard-{shard:05d}.pt"

@@ -83,6 +83,15 @@ def test_run_id_must_be_one_safe_path_component(run_id, tiny_data_root, tmp_path
     assert not out.exists() and not (tmp_path / "escaped").exists() and not absolute.exists()
 
 
+def test_record_shards_are_zstd_compressed(tiny_data_root, tmp_path):
+    """Records are committed beside published results, so shards are written small (zstd), not snappy."""
+    import pyarrow.parquet as pq
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16), defense=_tiny())
+    meta = pq.ParquetFile(next((run_dir / "records").glob("shard-*.parquet"))).metadata
+    codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
+    assert codecs == {"ZSTD"}
+
+
 # -- format version ------------------------------------------------------------------------------
 def test_format_version_is_written_and_checked_on_load(tiny_data_root, tmp_path):
     run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16), defense=_tiny())
