@@ -51,6 +51,8 @@ Every hyper-parameter is stored in the module's state dict (buffers ``tau``, ``m
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -135,6 +137,26 @@ class A3(nn.Module):
 
     def forward(self, h: Tensor, noise: Tensor | None = None) -> Tensor:
         return h * torch.exp(-self.log_ratio(self.mask(h, noise))[:, :, None, None])
+
+    def view(self, h: Tensor, view: "A3View", noise: Tensor | None, head: Callable[[Tensor], Tensor]) -> Tensor:
+        """``head`` applied to one view of ``h`` (logits), or the per-sample mean log-ratio for ``ATTENUATION``."""
+        if view is A3View.PLAIN:
+            return head(h)
+        if view is A3View.ATTENUATION:
+            return self.log_ratio(self.mask(h, noise)).mean(dim=1)
+        att, amp, _ = self.views(h, noise)
+        return head(amp if view is A3View.AMPLIFIED else att)
+
+
+class A3View(Enum):
+    """Outputs of a network with A3. The defense is ``ATTENUATED``; the others exist for adaptive attacks:
+    ``PLAIN`` (the module removed) and ``AMPLIFIED`` logits as transfer surrogates (both branches of the
+    module), ``ATTENUATION`` (mean a⊙m per sample) as the auxiliary loss of a mask-aware attack."""
+
+    ATTENUATED = "attenuated"
+    PLAIN = "plain"
+    AMPLIFIED = "amplified"
+    ATTENUATION = "attenuation"
 
 
 def a3_losses(z_att_adv: Tensor, z_amp_adv: Tensor, z_att_clean: Tensor, y: Tensor, cfg: A3Config) -> dict[str, Tensor]:

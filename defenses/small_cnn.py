@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from harness.errors import UsageError
 from harness.models import load_state_dict
 
-from .a3 import A3
+from .a3 import A3, A3View
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_WEIGHTS = {"at": WEIGHTS_DIR / "at_small.pt", "a3": WEIGHTS_DIR / "a3_small.pt"}  # recipe -> weights file
@@ -73,12 +73,18 @@ class SmallCNN(nn.Module):
         """Logits from late-block features (global average pool, linear)."""
         return self.fc(h.mean(dim=(2, 3)))
 
-    def forward(self, x: Tensor, noise: Tensor | None = None) -> Tensor:
-        """Logits; with A3, of the attenuated view (``noise``: the mask's logistic noise, see :mod:`defenses.a3`)."""
+    def forward(self, x: Tensor, noise: Tensor | None = None, *, view: A3View = A3View.ATTENUATED) -> Tensor:
+        """Logits; with A3, of the attenuated view (``noise``: the mask's logistic noise, see :mod:`defenses.a3`).
+
+        ``view`` selects another output of an A3 network, for adaptive attacks (through ``forward``, so the
+        harness counts the pass): ``PLAIN`` / ``AMPLIFIED`` logits, or ``ATTENUATION``, the per-sample mean
+        log-ratio the mask applies (what a mask-aware attack lowers)."""
         h = self.features(x)
-        if self.a3 is not None:
-            h = self.a3(h, noise)
-        return self.head(h)
+        if self.a3 is None:
+            if view is not A3View.ATTENUATED:
+                raise ValueError(f"view {view.value!r} needs a network with the A3 module")
+            return self.head(h)
+        return self.a3.view(h, view, noise, self.head)
 
 
 def build_small_cnn(width: int, *, seed: int, a3: dict | None = None, num_classes: int = 10) -> SmallCNN:

@@ -58,6 +58,9 @@ class Defense(nn.Module):
             random transforms); the harness then uses EOT and repeated evaluation.
         surrogate: optional differentiable approximation of the purifier used in
             the backward pass under ``grad_mode="surrogate"``.
+        auxiliary: optional ``x -> {name: per-sample loss}`` for defense-aware attacks
+            (``joint-rec``), e.g. a mask's strength; default: the purifier's ``auxiliary_losses``.
+            Compute it through the defense's networks (``classifier(...)``) so its passes are counted.
         purifier_networks: the purifier's networks whose passes are counted (budget accounting,
             ``harness.passes``); default: the purifier's direct child modules that have parameters
             (e.g. the MAE inside AMRM-Pure), else the purifier itself.
@@ -69,6 +72,7 @@ class Defense(nn.Module):
     def __init__(self, classifier: nn.Module, purifier: nn.Module | None = None, *, num_classes: int = 10,
                  bounds: tuple[float, float] = (0.0, 1.0), stochastic: bool = False,
                  surrogate: Callable[[Tensor], Tensor] | None = None,
+                 auxiliary: Callable[[Tensor], dict[str, Tensor]] | None = None,
                  purifier_networks: Sequence[nn.Module] | None = None, name: str = "defense",
                  trained_on: str | None = None) -> None:
         super().__init__()
@@ -84,6 +88,9 @@ class Defense(nn.Module):
         self.bounds = (float(bounds[0]), float(bounds[1]))
         self.stochastic = bool(stochastic)
         self.surrogate = surrogate
+        if auxiliary is not None and not callable(auxiliary):
+            raise TypeError(f"auxiliary must be a callable x -> {{name: per-sample loss}}, got {type(auxiliary).__name__}")
+        self.auxiliary = auxiliary
         if purifier_networks is not None and not all(isinstance(m, nn.Module) and not isinstance(m, torch.jit.ScriptModule)
                                                      for m in purifier_networks):
             raise TypeError("purifier_networks must be a sequence of torch.nn.Module (the purifier's networks to count; "
@@ -142,9 +149,9 @@ class Defense(nn.Module):
     def auxiliary_losses(self, x: Tensor) -> dict[str, Tensor]:
         """Per-sample auxiliary losses an adaptive attack may use (e.g. ``{"rec": ...}``).
 
-        Defaults to the purifier's ``auxiliary_losses`` if it has one, else none.
+        ``Defense(auxiliary=...)`` if given, else the purifier's ``auxiliary_losses`` if it has one, else none.
         """
-        fn = getattr(self.purifier, "auxiliary_losses", None)
+        fn = self.auxiliary or getattr(self.purifier, "auxiliary_losses", None)
         return fn(x) if callable(fn) else {}
 
     @property

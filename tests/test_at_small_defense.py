@@ -84,3 +84,55 @@ def test_defenses_run_end_to_end(name, opts, tmp_path, tiny_data_root) -> None:
     df = load_records(tmp_path / "runs" / "r")
     assert df["index"].nunique() == 8 and {"clean", "pgd-ce"} <= set(df.attack)
     assert df[df.stage == 0].preds.map(len).eq(2 if opts else 1).all()  # evaluation draws per sample
+
+
+# -- adaptive checks on A3: both branches as transfer surrogates, the mask as an auxiliary loss ------------------
+def test_views_are_the_branches_of_the_module(tmp_path) -> None:
+    path = str(_weights(tmp_path, a3=True))
+    x = torch.rand(6, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    net = create_defense("a3-small", weights=path).classifier.eval()
+    with torch.no_grad():
+        h = net.features(x)
+        att, amp, m = net.a3.views(h)
+        out = {v: create_defense("a3-small", weights=path, view=v).eval()(x) for v in ("attenuated", "plain", "amplified")}
+        torch.testing.assert_close(out["attenuated"], net.head(att))
+        torch.testing.assert_close(out["plain"], net.head(h))
+        torch.testing.assert_close(out["amplified"], net.head(amp))
+        assert not torch.allclose(out["plain"], out["attenuated"])
+        aux = create_defense("a3-small", weights=path).auxiliary_losses(x)["attenuation"]
+        torch.testing.assert_close(aux, net.a3.log_ratio(m).mean(1))
+    beta = float(net.a3.max_log_ratio)
+    assert aux.shape == (6,) and ((aux > 0) & (aux < beta)).all()
+    with pytest.raises(Exception, match="view must be one of attenuated, plain, amplified"):
+        create_defense("a3-small", weights=path, view="attenuation")
+
+
+def test_auxiliary_must_be_callable() -> None:
+    from harness.defense import Defense
+    with pytest.raises(TypeError, match="auxiliary must be a callable"):
+        Defense(torch.nn.Linear(2, 2), auxiliary={"rec": 1})
+
+
+def test_mask_aware_and_branch_transfer_attacks_run_and_are_counted(tmp_path, tiny_data_root) -> None:
+    path = _weights(tmp_path, a3=True)
+    battery = tmp_path / "a3-adaptive.toml"
+    battery.write_text(f'''
+[[attacks]]
+name = "mask"
+attack = "joint-rec"
+options = {{ steps = 3, alpha = 0.5, aux = "attenuation" }}
+
+[[attacks]]
+name = "from-plain"
+attack = "transfer"
+options = {{ steps = 3, surrogate = "a3-small", surrogate_opts = {{ weights = "{path}", view = "plain" }} }}
+''')
+    assert main(["run", "--data-root", str(tiny_data_root), "--out", str(tmp_path / "runs"), "--quiet", "--device",
+                 "cpu", "--n", "8", "--attacks", str(battery), "--defense", "a3-small", "--defense-opt",
+                 f'weights="{path}"', "--run-id", "r", "--every-attack", "--no-escalate"]) == 0
+    df = load_records(tmp_path / "runs" / "r")
+    assert {"clean", "mask", "from-plain"} <= set(df.attack)
+    mask = df[df.attack == "mask"]
+    # each step: CE forward+backward and the attenuation forward+backward, both through the counted classifier
+    assert (mask.classifier_forward >= 2 * 3).all() and (mask.classifier_backward >= 2 * 3).all()
+    assert (mask.loss_fn == "joint-ce-attenuation-alpha0.5").all()
