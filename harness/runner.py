@@ -71,13 +71,30 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
     return cfg, defense, data, indices
 
 
-def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False) -> Path:
+def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int]:
+    """The shards of slice ``(i, N)``: every N-th shard from shard i (all shards when ``None``). Round robin, so
+    slices get equal work whatever the cost profile along the test set."""
+    if shard_slice is None:
+        return list(range(n_shards))
+    i, n = shard_slice
+    if not (n >= 1 and 0 <= i < n):
+        raise UsageError(f"--shard-slice {i}/{n}: expected I/N with N >= 1 and 0 <= I < N (slices are numbered from 0)")
+    return list(range(i, n_shards, n))
+
+
+def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
+        shard_slice: tuple[int, int] | None = None) -> Path:
     """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
 
     A resume whose defense source or weights, data, package versions or harness commit differ from
     the stored fingerprint is refused unless ``force_resume`` (then recorded in provenance). Several
     processes may run the same command at once: each computes the shards no other process holds
     (per-shard locks), then waits for the others' shards, so every shard is computed exactly once.
+
+    ``shard_slice=(i, N)`` computes only slice i of N (:func:`slice_shards`), for N jobs on shared storage
+    (a Slurm array). A slice that finishes while other slices' shards are missing returns with the run
+    incomplete; the slice that finds every shard done runs the escalation stages (if any) and completes the
+    run. The records do not depend on the slicing: every shard's seeds are a function of (run seed, shard).
     """
     run_id = validate_run_id(cfg.run_id) if cfg.run_id else None
     cfg, defense, data, indices = prepare(cfg, defense)
@@ -94,13 +111,20 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
     shards = plan.shards()
-    ctx = _Context(cfg, defense, data, store, device, len(indices), len(shards))
+    mine = slice_shards(len(shards), shard_slice)
+    ctx = _Context(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards))
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
     for b in base:
         ctx.bar(b.name)
-    try:  # phase A: the configured battery on every shard
-        ctx.each_shard(shards, "attacks", [b.name for b in base], done=lambda s: store.shard_stages(s) is not None,
+    try:  # phase A: the configured battery on every shard (of this slice)
+        ctx.each_shard(shards, mine, "attacks", [b.name for b in base], done=lambda s: store.shard_stages(s) is not None,
                        work=lambda s, idx: ctx.run_shard(s, idx, base, first_stage=1, prior=None))
+        others = [s for s in range(len(shards)) if store.shard_stages(s) is None]
+        if others:  # only with a slice: other slices are still running (or not started)
+            log.info("slice %d/%d done; %d shards of other slices are not finished yet, so the run is not complete: the "
+                     "last slice to finish completes it", shard_slice[0], shard_slice[1], len(others))
+            return store.dir
+        ctx.n = len(indices)
         escalations = collect_escalations(store, len(shards), base) if cfg.escalate else []
         cfg.escalations = [e.to_dict() for e in escalations]
         with store.run_lock():
@@ -116,7 +140,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                 prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
                 ctx.run_shard(s, idx, escalations, first_stage=len(base) + 1, prior=prior)
 
-            ctx.each_shard(shards, "escalation", [e.name for e in escalations],
+            ctx.each_shard(shards, list(range(len(shards))), "escalation", [e.name for e in escalations],
                            done=lambda s: store.shard_stages(s) == names, work=escalate)
     finally:
         ctx.close()
@@ -192,12 +216,12 @@ class _Context:
             self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars))
         return self.bars[name]
 
-    def each_shard(self, shards: list[list[int]], phase: str, names: list[str], *, done: Callable[[int], bool],
-                   work: Callable[[int, list[int]], None]) -> None:
-        """Run ``work`` on every shard not ``done``: first the shards no other process holds, then (waiting for
-        their locks) the ones another process was computing, which are then done or left unfinished by it."""
-        self.progress.start_phase(phase, self.n * len(names))
-        waiting = [s for s, idx in enumerate(shards) if not self._take(s, idx, names, done, work, blocking=False)]
+    def each_shard(self, shards: list[list[int]], which: list[int], phase: str, names: list[str], *,
+                   done: Callable[[int], bool], work: Callable[[int, list[int]], None]) -> None:
+        """Run ``work`` on every shard in ``which`` not ``done``: first the shards no other process holds, then
+        (waiting for their locks) the ones another process was computing, which are then done or left unfinished."""
+        self.progress.start_phase(phase, sum(len(shards[s]) for s in which) * len(names))
+        waiting = [s for s in which if not self._take(s, shards[s], names, done, work, blocking=False)]
         for s in waiting:
             if not self._take(s, shards[s], names, done, work, blocking=False):
                 log.info("%s: shard %d/%d is being computed by another process; waiting for it", phase, s + 1,

@@ -274,6 +274,46 @@ def test_concurrent_identical_commands_share_shards(user_file, tmp_path):
     assert completeness(out / "shared").complete
 
 
+def test_shard_slices_started_together_give_the_records_of_one_process(user_file, tmp_path, capsys):
+    import multiprocessing
+    out, tiny_data_root = tmp_path / "runs", _labelled_by(user_file, tmp_path / "data")
+    argv = ["run", "--defense", f"{user_file}:make", "--defense-opt", "delay=0.002", "--data-root", str(tiny_data_root),
+            "--out", str(out), "--run-id", "sliced", "--n", "28", "--seed", "3", "--attacks", "quick", "--attack-opt",
+            "steps=2", "--eps", "0.1", "--shard-size", "4", "--batch-size", "4", "--eot", "1", "--eval-repeats", "1",
+            "--device", "cpu", "--no-escalate"]
+    reference = runner.run(_cfg(tiny_data_root, tmp_path / "single", defense=f"{user_file}:make",
+                                defense_opts={"delay": 0.002}, n=28, shard_size=4, batch_size=4, run_id="sliced"))
+    # slice 1 of 3 alone: its shards only (1 and 4), the run incomplete and not reportable without --partial
+    assert main([*argv, "--shard-slice", "1/3", "--quiet"]) == 0
+    assert "slice 1/3 finished" in capsys.readouterr().err
+    state = completeness(out / "sliced")
+    assert not state.complete and state.missing_shards == [0, 2, 3, 5, 6]
+    assert main(["report", str(out / "sliced")]) == 2
+    # the three slices started together (slice 1 again: its shards are done, it skips them)
+    logs = [tmp_path / f"slice-{i}.log" for i in range(3)]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_run_in_child, args=([*argv, "--shard-slice", f"{i}/3"], str(log)))
+             for i, log in enumerate(logs)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    texts = [log.read_text() for log in logs]
+    for p, text in zip(procs, texts):
+        assert p.exitcode == 0, text
+    computed = [{int(line.split("shard ")[1].split("/")[0]) - 1 for line in _stage_lines(text)} for text in texts]
+    assert computed == [{0, 3, 6}, set(), {2, 5}]  # each slice its own shards, nothing twice
+    assert completeness(out / "sliced").complete
+    pd.testing.assert_frame_equal(_comparable(load_records(out / "sliced")), _comparable(load_records(reference)))
+
+
+@pytest.mark.parametrize("text", ["3/3", "1", "a/b", "-1/2", "0/0"])
+def test_bad_shard_slice_is_one_line(text, capsys):
+    assert main(["run", "--defense", "none", "--shard-slice", text]) == 2
+    err = capsys.readouterr().err
+    assert "--shard-slice" in err and "I/N" in err
+
+
 def test_a_shard_locked_by_another_process_waits_for_it(tiny_data_root, tmp_path, monkeypatch):
     from harness.store import RunStore
     computed: list[int] = []

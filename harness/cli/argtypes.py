@@ -26,3 +26,15 @@ def number_or_fraction(text: str) -> float:
         return float(text)
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(f"expected a number or a fraction like 8/255, got {text!r}") from None
+
+
+def shard_slice(text: str) -> tuple[int, int]:
+    """An argparse type for ``--shard-slice I/N``: slice I (from 0) of N."""
+    try:
+        i, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N, e.g. 0/4 (slice I of N, numbered from 0), got {text!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise argparse.ArgumentTypeError(f"expected I/N with N >= 1 and 0 <= I < N (slices are numbered from 0), "
+                                         f"got {text!r}")
+    return i, n

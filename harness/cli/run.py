@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.cli.argtypes import number_or_fraction
+from harness.cli.argtypes import number_or_fraction, shard_slice
 from harness.config import RunConfig, config_from_mapping, load_toml, merge, parse_key_values
 from harness.defense import GRAD_MODES
 from harness.errors import UsageError
 from harness.progress import setup_logging
+from harness.store import completeness
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex", "json", "html"],
                    help="format of the final table [default: markdown]")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bars or log lines")
+    p.add_argument("--shard-slice", type=shard_slice, metavar="I/N",
+                   help="compute only slice I of N (shards I, I+N, I+2N, ...; I from 0) into the same run directory, "
+                        "for N jobs on shared storage such as a Slurm array; the last slice to finish completes the run")
     p.add_argument("--force-resume", action="store_true",
                    help="resume even if the defense source or weights, the data, package versions or the harness "
                         "commit changed since the run started (recorded in provenance.json)")
@@ -94,7 +98,14 @@ def main(args: argparse.Namespace) -> int:
     from harness.runner import run
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
-    run_dir = run(cfg, force_resume=args.force_resume)
+    run_dir = run(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice)
+    state = completeness(run_dir)
+    if not state.complete and args.shard_slice is not None:
+        i, n = args.shard_slice
+        print(f"slice {i}/{n} finished; run {str(run_dir)!r} is not complete yet ({len(state.missing_shards)} shards of "
+              "other slices missing): the last slice to finish completes it, then `harness report` it",
+              file=sys.stderr)
+        return 0
     try:
         from reports import render
         table = render([run_dir], args.format)
