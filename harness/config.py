@@ -26,6 +26,7 @@ from harness.schema import NO_RULE, Rule, problem
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "batch_size", "quiet", "out", "run_id", "data_root", "download", "escalations")
+LATER_FIELDS = ("until", "against")
 
 
 @dataclass
@@ -57,6 +58,8 @@ class RunConfig:
     out: str = "runs"
     run_id: str | None = None
     quiet: bool = False
+    until: str | None = None  # sequential stopping rule (harness.stopping): "half-width=H" or "decided"
+    against: str | None = None  # the run directory "decided" compares with
 
     def __post_init__(self) -> None:
         check_values(vars(self), source="RunConfig")
@@ -69,7 +72,9 @@ class RunConfig:
         return {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
 
     def fingerprint(self) -> str:
-        blob = json.dumps(self.result_dict(), sort_keys=True, default=str)
+        # fields added after format version 1 enter the hash only when set, so older run ids stay valid
+        values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v is None)}
+        blob = json.dumps(values, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 

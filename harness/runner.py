@@ -28,7 +28,9 @@ from harness.defense import Defense, create_defense
 from harness.errors import SetupError, UsageError
 from harness import fingerprint
 from harness.progress import StageLog, bars_enabled, get_logger, progress_bar
-from harness.store import COLUMNS, Plan, RunStore, completeness, make_run_id, validate_run_id
+from harness.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
+from harness.store import (COLUMNS, Plan, RunStore, completeness, load_provenance, load_records, make_run_id,
+                           validate_run_id)
 
 log = get_logger("runner")
 
@@ -56,6 +58,9 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
     for warning in config_warnings(cfg, defense.trained_on):
         log.warning(warning)
     indices = select_indices(len(data), cfg.n, cfg.seed)
+    if cfg.until is not None or cfg.against is not None:
+        StopRule.parse(cfg.until or "", cfg.against)  # a bad rule fails before any work
+        indices = sequence_order(indices, cfg.seed)
     if cfg.eval_repeats is None:
         cfg.eval_repeats = 10 if defense.stochastic else 1
     if cfg.attacks is None:  # no battery named: AutoAttack's advice, EOT (rand) for randomized defenses
@@ -111,14 +116,21 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
     shards = plan.shards()
+    if cfg.until is not None and shard_slice is not None:
+        raise UsageError("--until evaluates shards in order and stops early; it cannot be split with --shard-slice")
     mine = slice_shards(len(shards), shard_slice)
     ctx = _Context(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards))
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
     for b in base:
         ctx.bar(b.name)
-    try:  # phase A: the configured battery on every shard (of this slice)
-        ctx.each_shard(shards, mine, "attacks", [b.name for b in base], done=lambda s: store.shard_stages(s) is not None,
-                       work=lambda s, idx: ctx.run_shard(s, idx, base, first_stage=1, prior=None))
+    try:  # phase A: the configured battery on every shard (of this slice; up to the stop of a sequential run)
+        done_a = lambda s: store.shard_stages(s) is not None  # noqa: E731
+        work_a = lambda s, idx: ctx.run_shard(s, idx, base, first_stage=1, prior=None)  # noqa: E731
+        if cfg.until is not None:
+            shards = shards[:sequential_phase(ctx, shards, plan, done_a, work_a, [b.name for b in base])]
+            mine = list(range(len(shards)))
+        else:
+            ctx.each_shard(shards, mine, "attacks", [b.name for b in base], done=done_a, work=work_a)
         others = [s for s in range(len(shards)) if store.shard_stages(s) is None]
         if others:  # only with a slice: other slices are still running (or not started)
             log.info("slice %d/%d done; %d shards of other slices are not finished yet, so the run is not complete: the "
@@ -151,6 +163,47 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                                "run (deleted meanwhile?); run the same command again to recompute them")
         store.finish(run_flags(store, len(shards), cfg.escalations))
     return store.dir
+
+
+def sequential_phase(ctx: "_Context", shards: list[list[int]], plan: Plan, done: Callable[[int], bool],
+                     work: Callable[[int, list[int]], None], names: list[str]) -> int:
+    """Phase A of a ``--until`` run: shards strictly in order, checking the stopping rule on the finished prefix
+    before each one (:mod:`harness.stopping`); records the outcome in provenance and returns the number of shards
+    the run keeps."""
+    cfg, store = ctx.cfg, ctx.store
+    rule = StopRule.parse(cfg.until, cfg.against)
+    population, confidence = len(plan.indices), 0.95
+    paired = None
+    if rule.kind is StopKind.DECIDED:
+        other = Path(rule.against)
+        if [int(i) for i in load_provenance(other).get("indices", [])] != plan.indices or not completeness(other).complete:
+            raise UsageError(f"--against {rule.against!r} must be a complete run over the same samples in the same "
+                             "order: run it with the same --n, --seed and an --until rule")
+        paired = ordered_worst(load_records(other), plan.indices)
+    ctx.progress.start_phase("attacks", population * len(names))
+    state, k = None, 0
+    for k in range(len(shards) + 1):
+        done_samples = sum(len(idx) for idx in shards[:k])
+        if k:
+            scores = ordered_worst(store.read_records(range(k)), plan.indices)
+            if paired is not None and len(paired) < len(scores):
+                log.warning("the run to compare with holds only %d samples; stopping there, undecided", len(paired))
+                break
+            state = check(rule, scores, population=population, confidence=confidence,
+                          paired=None if paired is None else paired[:len(scores)])
+            log.info("sequential: %d of %d samples, %s [%.4f, %.4f]%s", done_samples, population,
+                     "difference" if paired is not None else "worst-case", state.low, state.high,
+                     "; stopping: " + rule.describe() if state.stop else "")
+            if state.stop:
+                break
+        if k == len(shards):
+            break
+        ctx._take(k, shards[k], names, done, work, blocking=True)
+    with store.run_lock():
+        store.record_sequential({"rule": cfg.until, "against": cfg.against, "population": population,
+                                 "confidence": confidence, "shards": k, "samples": sum(len(i) for i in shards[:k]),
+                                 "met": bool(state and state.stop), "state": state.to_dict() if state else None})
+    return k
 
 
 def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec]) -> list[AttackSpec]:

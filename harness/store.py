@@ -6,7 +6,8 @@ Layout::
     config.toml                  fully resolved RunConfig (battery, escalations)
     provenance.json              planned samples (indices, shard sizes), fingerprint (harness.fingerprint), forced
                                  resumes, git state, device, seed, ``started``; ``finished`` only once every stage
-                                 of every shard (escalations included) is stored
+                                 of every shard (escalations included) is stored; ``sequential`` where a
+                                 ``--until`` run stopped (the run is its first ``shards`` shards)
     diagnostics.json             run-level diagnostic flags (written when the run finishes)
     records/shard-00000.parquet  one row per (sample, stage), long format (docs/results-format.md)
     records/shard-00000.json     per-shard side data: {"stages": [...], "attacks": {...}, "diagnostics": [...]}
@@ -28,7 +29,7 @@ import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 import pyarrow as pa
@@ -241,6 +242,17 @@ class RunStore:
     def read_shard(self, shard: int) -> pd.DataFrame:
         return pq.read_table(self.shard_path(shard)).to_pandas()
 
+    def read_records(self, shards: Iterable[int]) -> pd.DataFrame:
+        """The records of the given finished shards, concatenated."""
+        return pd.concat([self.read_shard(s) for s in shards], ignore_index=True)
+
+    def record_sequential(self, info: dict[str, Any]) -> None:
+        """Store where a sequential (``--until``) run stopped; its run then consists of the first
+        ``info["shards"]`` shards. Call it holding :meth:`run_lock`."""
+        prov = load_provenance(self.dir)
+        prov["sequential"] = info
+        _write_json(self.dir / "provenance.json", prov)
+
     def write_shard(self, shard: int, records: pd.DataFrame, side: dict[str, Any],
                     adversarials: dict[str, Any] | None = None) -> None:
         """Write side data, adversarials, then the Parquet file last: the Parquet file is the record of which
@@ -296,11 +308,18 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     see :func:`completeness`."""
     check_format(run_dir)
     records = Path(run_dir) / "records"
-    paths = sorted(records.glob("shard-*.parquet"))
+    keep = kept_shards(load_provenance(run_dir)) if (Path(run_dir) / "provenance.json").is_file() else None
+    paths = sorted(p for p in records.glob("shard-*.parquet") if keep is None or int(p.stem.split("-")[-1]) < keep)
     if not paths:
         raise MissingInputError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
     df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
     return df.sort_values(["index", "stage"], kind="stable").reset_index(drop=True)
+
+
+def kept_shards(prov: dict[str, Any]) -> int | None:
+    """How many shards (from the first) a sequentially stopped run consists of; None for other runs."""
+    seq = prov.get("sequential")
+    return int(seq["shards"]) if isinstance(seq, dict) and seq.get("shards") is not None else None
 
 
 def load_diagnostics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -367,7 +386,8 @@ def completeness(run_dir: str | Path) -> Completeness:
     cfg = load_config(run_dir)
     if "indices" not in prov or "shard_sizes" not in prov:
         raise RunFormatError(f"{str(Path(run_dir) / 'provenance.json')!r} lacks the planned indices and shard sizes")
-    plan = Plan(list(prov["indices"]), list(prov["shard_sizes"]))
+    plan = Plan(list(prov["indices"]), list(prov["shard_sizes"])[:kept_shards(prov)])
+    plan = Plan(plan.indices[:sum(plan.shard_sizes)], plan.shard_sizes)
     expected = stage_names(cfg)
     store, done, missing = RunStore(run_dir), 0, []
     for s, idx in enumerate(plan.shards()):

@@ -156,6 +156,12 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
     lines += [f"WARNING: {key}'s accuracy is only an upper bound (its records skipped samples that still had "
               "correct draws), so this is not a worst-case ranking"
               for key, o, col in (("A", oa, attack), ("B", ob, attack_b)) if o.attrs["upper_bound"][col]]
+    for key, run in (("A", a), ("B", b)):
+        seq = run.provenance.get("sequential")
+        if isinstance(seq, dict):
+            lines.append(f"WARNING: {key} stopped sequentially (--until {seq['rule']}) after {seq['samples']:,} samples: "
+                         "the fixed-n interval and p-value below do not hold at a data-dependent stop; the valid "
+                         "comparison is `harness run --until decided --against` (a paired confidence sequence)")
     if problems:
         lines.append("WARNING: attack budgets differ, so this is NOT a like-for-like ranking (shown because "
                      "--allow-mismatch was given):")

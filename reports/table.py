@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harness.stats import RESOLVABLE_TAIL, Interval, headline_interval, wilson
+from harness.stopping import sequence_interval
 
 from .load import RunData, load_run
 from .outcomes import (CRITERION_TEXT, UPPER_BOUND_FLAG, WORST, budgets, check_criterion, eval_draws, outcome_table,
@@ -20,7 +21,7 @@ from .outcomes import (CRITERION_TEXT, UPPER_BOUND_FLAG, WORST, budgets, check_c
 
 # Short names of the interval methods, written before the brackets of every cell: BCa[low, high].
 METHOD_TAGS = {"bootstrap-bca": "BCa", "bootstrap-percentile": "pct", "clopper-pearson": "CP",
-               "clopper-pearson-bounds": "CPb"}
+               "clopper-pearson-bounds": "CPb", "confidence-sequence": "CS"}
 
 
 @dataclass(frozen=True)
@@ -99,13 +100,27 @@ def _cell(attack: str, values: np.ndarray, flags: list[str], upper_bound: bool, 
     return Cell(attack, cache[key], wil, flags, upper_bound)
 
 
+def _sequence_cell(attack: str, values: pd.Series, seq: dict, order: list[int], flags: list[str],
+                   upper_bound: bool, s: Settings) -> Cell:
+    """A cell of a sequentially stopped run: the confidence sequence at the stop (no fixed-n interval: n was
+    chosen by watching the data, so a fixed-n interval would not hold its coverage)."""
+    iv = sequence_interval(values.reindex(order).to_numpy(), seq, s.confidence)
+    return Cell(attack, iv, None, [*flags, UPPER_BOUND_FLAG] if upper_bound else flags, upper_bound)
+
+
 def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
     outcomes = outcome_table(run.records, s.criterion, config=run.config)
     flags = stage_flags(run.records, run.diagnostics)
     bounds = outcomes.attrs["upper_bound"]
     cache: dict[bytes, Interval] = {}
-    cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), bounds[name], s, cache)
-             for name in outcomes.columns}
+    seq = run.provenance.get("sequential")
+    if isinstance(seq, dict):
+        order = [int(i) for i in run.provenance["indices"][:int(seq["samples"])]]
+        cells = {name: _sequence_cell(name, outcomes[name], seq, order, flags.get(name, []), bounds[name], s)
+                 for name in outcomes.columns}
+    else:
+        cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), bounds[name], s, cache)
+                 for name in outcomes.columns}
     return Row(run=run, label=label or run.defense, n=len(outcomes), draws=eval_draws(run.records), cells=cells,
                outcomes=outcomes, budgets=budgets(run.records), cumulative=outcomes.attrs["cumulative"])
 
@@ -154,7 +169,15 @@ def columns_note(table: Table) -> str:
             "worst case so far)")
     if alone:
         text += f"; for {', '.join(alone)} (run with --every-attack) against that attack alone"
-    return text + "."
+    text += "."
+    for row in table.rows:
+        seq = row.run.provenance.get("sequential")
+        if isinstance(seq, dict):
+            text += (f" {row.label} was evaluated sequentially (--until {seq['rule']}) and "
+                     f"{'stopped' if seq.get('met') else 'ran out of samples'} after {seq['samples']:,} of "
+                     f"{seq['population']:,} samples: its intervals are anytime-valid confidence sequences, CS[low, "
+                     "high], which hold at a data-dependent stop; a fixed-n interval would not.")
+    return text
 
 
 def planning_note(table: Table, half_width: float = 0.01) -> str:

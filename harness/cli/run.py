@@ -51,6 +51,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex", "json", "html"],
                    help="format of the final table [default: markdown]")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bars or log lines")
+    p.add_argument("--until", metavar="RULE",
+                   help="sequential evaluation: samples in a seeded random order, stopping when an anytime-valid "
+                        "confidence sequence answers: half-width=H (e.g. 0.01 = ±1 point on the worst case) or "
+                        "decided (the paired difference to --against RUN excludes 0) [default: evaluate all --n]")
+    p.add_argument("--against", metavar="RUN", help="run directory that --until decided compares with (same --n, "
+                                                     "--seed and --until order)")
     p.add_argument("--shard-slice", type=shard_slice, metavar="I/N",
                    help="compute only slice I of N (shards I, I+N, I+2N, ...; I from 0) into the same run directory, "
                         "for N jobs on shared storage such as a Slurm array; the last slice to finish completes the run")
@@ -72,7 +78,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = {k: getattr(args, k) for k in ("defense", "attacks", "seed", "dataset", "data_root", "download", "eps",
                                                 "norm", "grad", "eot", "eval_repeats", "every_attack", "escalate", "device",
                                                 "autocast", "batch_size", "shard_size", "out", "run_id",
-                                                "save_adversarials", "quiet")}
+                                                "save_adversarials", "quiet", "until", "against")}
     overrides["n"] = n
     overrides["defense_opts"] = parse_key_values(args.defense_opt, "--defense-opt") or None
     overrides["attack_opts"] = parse_key_values(args.attack_opt, "--attack-opt") or None
