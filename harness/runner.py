@@ -26,6 +26,7 @@ from harness.criteria import attackable_rows
 from harness.data import TestSet, load_test_set, select_indices
 from harness.defense import Defense, create_defense
 from harness.errors import SetupError, UsageError
+from harness.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness import fingerprint
 from harness.progress import StageLog, bars_enabled, get_logger, progress_bar
 from harness.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
@@ -33,6 +34,7 @@ from harness.store import (COLUMNS, Plan, RunStore, completeness, load_provenanc
                            validate_run_id)
 
 log = get_logger("runner")
+LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a cost estimate when they start
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,6 +89,16 @@ def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int
     return list(range(i, n_shards, n))
 
 
+def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int = CALIBRATION_SAMPLES) -> Estimate:
+    """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.estimate`); runs
+    nothing else and writes nothing."""
+    cfg, defense, data, indices = prepare(cfg, defense)
+    device = resolve_device(cfg.device)
+    defense = defense.to(device).eval()
+    checks.first_batch(defense, data.get(indices[:cfg.batch_size], device)[0], seed=cfg.seed)
+    return estimate(cfg, defense, data, indices, device, samples=samples)
+
+
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
         shard_slice: tuple[int, int] | None = None) -> Path:
     """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
@@ -109,6 +121,8 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
     defense = defense.to(device).eval()
     checks.first_batch(defense, data.get(indices[:cfg.batch_size], device)[0], seed=cfg.seed)  # before any work
+    if len(indices) >= LONG_RUN and not cfg.quiet:  # a calibration batch costs < 1% of such a run
+        log.info("%s", estimate(cfg, defense, data, indices, device).text())
     store = RunStore(Path(cfg.out) / (run_id or make_run_id(cfg)))
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,

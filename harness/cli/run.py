@@ -51,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex", "json", "html"],
                    help="format of the final table [default: markdown]")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress bars or log lines")
+    p.add_argument("--estimate", action="store_true",
+                   help="time the battery on a calibration batch, print the expected and worst-case wall time for "
+                        "this --n, and exit without running (runs of 1280+ samples also log it when they start)")
     p.add_argument("--until", metavar="RULE",
                    help="sequential evaluation: samples in a seeded random order, stopping when an anytime-valid "
                         "confidence sequence answers: half-width=H (e.g. 0.01 = ±1 point on the worst case) or "
@@ -101,9 +104,12 @@ def check_destination(cfg: RunConfig) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.runner import run
+    from harness.runner import estimate_run, run
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
+    if args.estimate:
+        print(estimate_run(cfg).text())
+        return 0
     run_dir = run(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice)
     state = completeness(run_dir)
     if not state.complete and args.shard_slice is not None:
