@@ -1,0 +1,40 @@
+"""``smoothing-gaussian`` and ``smoothing-consistency``: base classifiers for randomized smoothing, the small
+CIFAR-10 CNN trained under Gaussian noise by ``harness train smoothing`` (``defenses/smoothing_train.py``).
+
+The defense is the base classifier f itself, without noise: randomized smoothing adds the noise when it
+certifies (CERTIFY / PREDICT, :mod:`harness.smoothing`), at the σ it is given, which should be the σ the
+classifier was trained at (``sigma``, which also picks the default weights file). ``weights=PATH`` loads
+your own file (``torch.load(weights_only=True)``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.defense import Defense, register_defense
+from harness.errors import MissingInputError
+
+from .small_cnn import load_small_cnn
+from .smoothing_train import smoothing_weights
+
+
+def _base(objective: str, sigma: float, weights: str | None) -> Defense:
+    path = Path(weights).expanduser() if weights is not None else smoothing_weights(objective, float(sigma))
+    if not path.is_file():
+        raise MissingInputError(f"no trained weights at {str(path)!r}: make them with `harness train smoothing "
+                                f"--objective {objective} --sigma {sigma:g}` (docs/certification.md) or pass "
+                                "--defense-opt weights=PATH")
+    model = load_small_cnn(path, a3=False)
+    return Defense(model, None, num_classes=model.fc.out_features, name=f"smoothing-{objective}-s{sigma:g}",
+                   trained_on="cifar10")
+
+
+@register_defense("smoothing-gaussian")
+def smoothing_gaussian(sigma: float = 0.25, weights: str | None = None) -> Defense:
+    """Base classifier trained with Gaussian noise augmentation at ``sigma`` (Cohen et al. 2019)."""
+    return _base("gaussian", sigma, weights)
+
+
+@register_defense("smoothing-consistency")
+def smoothing_consistency(sigma: float = 0.25, weights: str | None = None) -> Defense:
+    """Base classifier trained with consistency regularization at ``sigma`` (Jeong & Shin 2020)."""
+    return _base("consistency", sigma, weights)
