@@ -28,8 +28,9 @@ import json
 import platform
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 import pyarrow as pa
@@ -46,6 +47,15 @@ from harness.locks import file_lock
 FORMAT_VERSION = 1
 FORMAT_FILE = "format.json"
 FORMAT_NAME = "robustness-harness run"
+
+
+class RunKind(str, Enum):
+    """What a run directory holds (``format.json`` key ``kind``; absent means ``attack``): the records of an
+    attack battery (``harness run``: one row per sample and stage, :data:`SCHEMA`) or of randomized-smoothing
+    certification (``harness certify``: one row per sample, ``harness.certify.CERTIFY_SCHEMA``)."""
+
+    ATTACK = "attack"
+    CERTIFY = "certify"
 
 SCHEMA = pa.schema([
     ("index", pa.int64()), ("label", pa.int64()), ("shard", pa.int64()), ("stage", pa.int64()), ("attack", pa.string()),
@@ -164,20 +174,23 @@ class RunStore:
 
     # -- config and provenance -------------------------------------------------------------
     def open(self, cfg: RunConfig, *, plan: Plan, fingerprint: Fingerprint, info: dict[str, Any],
-             force_resume: bool = False) -> bool:
+             force_resume: bool = False, kind: RunKind = RunKind.ATTACK,
+             reader: Callable[[Path], Any] = read_config) -> bool:
         """Create the run directory, or check that an existing one holds the same experiment (config and
         fingerprint); returns True when resuming. Call it holding :meth:`run_lock`.
 
         A changed fingerprint is refused naming what changed, unless ``force_resume`` (then recorded in
         provenance under ``forced_resumes``). ``info`` is extra provenance (device, defense, data source).
+        ``kind`` and ``reader`` (reads the stored config back) are set by runs other than attack runs; their
+        config needs ``to_dict``, ``result_dict``, ``batch_size`` and ``seed``.
         """
         cfg_path = self.dir / "config.toml"
         resuming = cfg_path.is_file()
         prov: dict[str, Any] = {}
         forced: list[dict[str, Any]] = []
         if resuming:
-            check_format(self.dir)
-            old = read_config(cfg_path)
+            check_format(self.dir, kind)
+            old = reader(cfg_path)
             if old.result_dict() != cfg.result_dict():
                 diff = sorted(k for k, v in cfg.result_dict().items() if old.result_dict().get(k) != v)
                 raise ResumeMismatchError(f"run directory {str(self.dir)!r} holds a run with different settings ({', '.join(diff)}); "
@@ -196,7 +209,7 @@ class RunStore:
             if changes:
                 forced.append({"at": _now(), "changed": changes, "previous": prov.get("fingerprint")})
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION})
+        _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind.value})
         write_config(cfg, cfg_path)
         self._provenance = {
             "format_version": FORMAT_VERSION, "run_id": self.dir.name, "git_commit": git_commit(),
@@ -254,16 +267,21 @@ class RunStore:
         _write_json(self.dir / "provenance.json", prov)
 
     def write_shard(self, shard: int, records: pd.DataFrame, side: dict[str, Any],
-                    adversarials: dict[str, Any] | None = None) -> None:
+                    adversarials: dict[str, Any] | None = None, schema: pa.Schema = SCHEMA) -> None:
         """Write side data, adversarials, then the Parquet file last: the Parquet file is the record of which
-        stages are finished, so an interruption at any point leaves a consistent shard."""
+        stages are finished, so an interruption at any point leaves a consistent shard. Call it holding
+        :meth:`shard_lock`: temporary files of this shard left by a writer killed mid-write (SIGKILL skips the
+        clean-up of :mod:`harness.atomic`) are removed first."""
         self.records_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (self.records_dir, self.adv_dir):
+            for stale in directory.glob(f".shard-{shard:05d}.*.tmp"):
+                stale.unlink(missing_ok=True)
         check_codes(side.get("diagnostics", []), source=str(self.shard_path(shard, ".json")))
         _write_json(self.shard_path(shard, ".json"), side)
         if adversarials is not None:
             with atomic.atomic_path(self.adv_dir / f"shard-{shard:05d}.pt") as tmp:
                 torch.save(adversarials, tmp)
-        table = pa.Table.from_pandas(records[COLUMNS], schema=SCHEMA, preserve_index=False)
+        table = pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
         with atomic.atomic_path(self.shard_path(shard)) as tmp:
             pq.write_table(table, tmp, compression="zstd")  # records are committed: small beats fast here
 
@@ -273,8 +291,9 @@ class RunStore:
 
 
 # -- readers: everything that reads a run goes through these ----------------------------------
-def check_format(run_dir: str | Path) -> None:
-    """Raise :class:`RunFormatError` unless ``run_dir`` is a run directory of this harness's format version."""
+def check_format(run_dir: str | Path, kind: RunKind | None = None) -> RunKind:
+    """Raise :class:`RunFormatError` unless ``run_dir`` is a run directory of this harness's format version (and
+    of ``kind``, when given); returns its kind."""
     path = Path(run_dir) / FORMAT_FILE
     if not Path(run_dir).is_dir():
         raise MissingInputError(f"run directory {str(run_dir)!r} does not exist (expected <out>/<run-id>/ from "
@@ -288,10 +307,20 @@ def check_format(run_dir: str | Path) -> None:
     if version != FORMAT_VERSION:
         raise RunFormatError(f"{str(path)!r} says run format version {version!r}, but this harness reads version "
                              f"{FORMAT_VERSION}; read it with the harness version that wrote it, or rerun into another --run-id or --out")
+    try:
+        found = RunKind(data.get("kind", RunKind.ATTACK.value))
+    except ValueError:
+        raise RunFormatError(f"{str(path)!r} says kind {data.get('kind')!r}; accepted: "
+                             f"{', '.join(k.value for k in RunKind)}") from None
+    if kind is not None and found is not kind:
+        command = "harness certify" if found is RunKind.CERTIFY else "harness run"
+        raise RunFormatError(f"{str(run_dir)!r} holds a {found.value} run (made by `{command}`), not a {kind.value} run")
+    return found
 
 
 def load_config(run_dir: str | Path) -> RunConfig:
-    check_format(run_dir)
+    """The config of an attack run (a certification run's: ``harness.certify.load_certify_config``)."""
+    check_format(run_dir, RunKind.ATTACK)
     return read_config(Path(run_dir) / "config.toml")
 
 
@@ -313,7 +342,7 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     if not paths:
         raise MissingInputError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
     df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
-    return df.sort_values(["index", "stage"], kind="stable").reset_index(drop=True)
+    return df.sort_values([c for c in ("index", "stage") if c in df.columns], kind="stable").reset_index(drop=True)
 
 
 def kept_shards(prov: dict[str, Any]) -> int | None:
@@ -383,25 +412,29 @@ def _ranges(values: list[int]) -> str:
 def completeness(run_dir: str | Path) -> Completeness:
     """Compare what a run stores with its plan (provenance indices and shard sizes, config stages)."""
     prov = load_provenance(run_dir)
-    cfg = load_config(run_dir)
+    cfg = load_config(run_dir) if check_format(run_dir) is RunKind.ATTACK else None
     if "indices" not in prov or "shard_sizes" not in prov:
         raise RunFormatError(f"{str(Path(run_dir) / 'provenance.json')!r} lacks the planned indices and shard sizes")
     plan = Plan(list(prov["indices"]), list(prov["shard_sizes"])[:kept_shards(prov)])
     plan = Plan(plan.indices[:sum(plan.shard_sizes)], plan.shard_sizes)
-    expected = stage_names(cfg)
+    expected = stage_names(cfg) if cfg is not None else None
     store, done, missing = RunStore(run_dir), 0, []
     for s, idx in enumerate(plan.shards()):
         if _shard_complete(store, s, idx, expected):
             done += len(idx)
         else:
             missing.append(s)
-    return Completeness(run=str(run_dir), planned=len(plan.indices), done=done, stages=expected,
+    return Completeness(run=str(run_dir), planned=len(plan.indices), done=done, stages=expected or [],
                         missing_shards=missing, finished=bool(prov.get("finished")))
 
 
-def _shard_complete(store: RunStore, shard: int, indices: list[int], expected: list[str]) -> bool:
+def _shard_complete(store: RunStore, shard: int, indices: list[int], expected: list[str] | None) -> bool:
+    """The shard's files exist and hold every sample at every expected stage (``None``: one row per sample)."""
     if not store.shard_path(shard).is_file() or not store.shard_path(shard, ".json").is_file():
         return False
+    if expected is None:
+        t = pq.read_table(store.shard_path(shard), columns=["index"]).to_pandas()
+        return sorted(t["index"].tolist()) == sorted(indices)
     t = pq.read_table(store.shard_path(shard), columns=["index", "stage", "attack"]).to_pandas()
     names = list(t.drop_duplicates("stage").sort_values("stage").attack)
     if names != expected or len(t) != len(indices) * len(expected):

@@ -23,7 +23,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "meaningful for runs made with --every-attack)")
     p.add_argument("--criterion", default="all", choices=("all", "majority"),
                    help="stochastic defenses: robust in all R draws (default) or in the majority")
-    p.add_argument("--allow-mismatch", action="store_true", help="compare even if the attack budgets differ")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare even if the attack budgets (certification: σ, n0, N, α) differ")
+    p.add_argument("--radius", type=float, default=0.5,
+                   help="certification runs: compare certified accuracy at this ℓ2 radius [0.5]")
     p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence level (default 0.95)")
     p.add_argument("--alpha", type=PROBABILITY, default=0.05, help="McNemar test level (default 0.05)")
     p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
@@ -34,10 +37,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from reports.compare import BudgetMismatchError, compare_text
 
+    from harness.store import RunKind, check_format
+    from reports.certified import certified_compare_text
+
     try:
-        text = compare_text(args.run_a, args.run_b, attack=args.attack, attack_b=args.attack_b, criterion=args.criterion,
-                            allow_mismatch=args.allow_mismatch, confidence=args.confidence, alpha=args.alpha,
-                            seed=args.seed, n_resamples=args.resamples)
+        if RunKind.CERTIFY in (check_format(args.run_a), check_format(args.run_b)):
+            text = certified_compare_text(args.run_a, args.run_b, radius=args.radius, allow_mismatch=args.allow_mismatch,
+                                          confidence=args.confidence, alpha=args.alpha, seed=args.seed,
+                                          n_resamples=args.resamples)
+        else:
+            text = compare_text(args.run_a, args.run_b, attack=args.attack, attack_b=args.attack_b,
+                                criterion=args.criterion, allow_mismatch=args.allow_mismatch,
+                                confidence=args.confidence, alpha=args.alpha, seed=args.seed,
+                                n_resamples=args.resamples)
     except BudgetMismatchError as exc:
         print(f"harness compare: {exc}", file=sys.stderr)
         return 3

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED
 from harness.errors import UsageError
+from harness.store import RunKind, check_format
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="confidence level (default 0.95)")
     p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--resamples", type=RESAMPLES, default=10_000, help="bootstrap resamples, at least 1000 (default 10000)")
+    p.add_argument("--radii", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], metavar="R",
+                   help="certification runs: the ℓ2 radii of the certified-accuracy columns [0 0.25 0.5 0.75 1]")
     p.add_argument("--partial", action="store_true",
                    help="report incomplete runs (in progress, shards missing, escalation not run) instead of refusing; "
                         "every format is labelled as partial with samples done and planned")
@@ -35,8 +38,16 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.is_dir():
         raise UsageError(f"--output {str(args.output)!r} is a directory; --output/-o takes a file path, e.g. "
                          f"{str(args.output / ('report.' + args.format))!r}")
-    text = render(args.runs, args.format, criterion=args.criterion, confidence=args.confidence, seed=args.seed,
-                  n_resamples=args.resamples, partial=args.partial)
+    kinds = {check_format(r) for r in args.runs}
+    if kinds == {RunKind.CERTIFY}:
+        from reports.certified import certified_text
+        text = certified_text(args.runs, args.format, radii=args.radii, confidence=args.confidence, seed=args.seed,
+                              n_resamples=args.resamples, partial=args.partial)
+    elif RunKind.CERTIFY in kinds:
+        raise UsageError("report certification runs (`harness certify`) and attack runs (`harness run`) separately")
+    else:
+        text = render(args.runs, args.format, criterion=args.criterion, confidence=args.confidence, seed=args.seed,
+                      n_resamples=args.resamples, partial=args.partial)
     if args.output:
         atomic.write_text(args.output, text)
         print(f"wrote {args.output}")

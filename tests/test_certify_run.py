@@ -1,0 +1,123 @@
+"""`harness certify`: per-sample records in a run directory of kind certify, resumable and independent of
+sharding; certified-accuracy reports with intervals; compare refuses mismatched budgets; latency protocol."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import TinyCNN
+from harness.certify import CertifyConfig, latency, run_certify
+from harness.cli import main
+from harness.defense import Defense
+from harness.seeding import derive_seed
+from harness.smoothing import certify
+from harness.store import RunFormatError, completeness, load_config, load_records
+
+
+def _defense() -> Defense:
+    return Defense(TinyCNN().eval(), None, num_classes=10, name="tiny")
+
+
+def _cfg(root: Path, out: Path, **kw) -> CertifyConfig:
+    base = dict(defense="tiny", data_root=str(root), out=str(out), n=12, seed=1, sigma=0.1, n0=16, N=200, alpha=0.01,
+                batch_size=100, shard_size=4, device="cpu", quiet=True, run_id="cert")
+    base.update(kw)
+    return CertifyConfig(**base)
+
+
+def _comparable(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=["time_s", "shard"]).sort_values("index").reset_index(drop=True)
+
+
+def test_records_are_cohen_certify_per_sample_and_do_not_depend_on_sharding(tiny_data_root, tmp_path):
+    run_dir = run_certify(_cfg(tiny_data_root, tmp_path), defense=_defense())
+    state = completeness(run_dir)
+    assert state.complete and state.planned == state.done == 12
+    df = load_records(run_dir)
+    assert len(df) == 12 and df["index"].is_unique and (df["n"] == 200).all() and (df["n0"] == 16).all()
+    assert ((df["prediction"] == df["label"]) == df["correct"]).all()
+    assert (df.loc[df["abstain"], "prediction"] == -1).all() and (df.loc[df["abstain"], "radius"] == 0).all()
+    # one sample recomputed by hand with the seed the run derives from (run seed, dataset index)
+    from harness.data import load_test_set
+    row = df.iloc[3]
+    x, _ = load_test_set("cifar10", str(tiny_data_root)).get([int(row["index"])])
+    gen = torch.Generator().manual_seed(derive_seed(1, int(row["index"]), 0, 7))
+    cert = certify(_defense(), x[0], sigma=0.1, n0=16, n=200, alpha=0.01, batch_size=100, num_classes=10, generator=gen)
+    assert cert.prediction == row["prediction"] and cert.radius == pytest.approx(row["radius"])
+    assert list(cert.counts_estimation) == list(row["counts_estimation"])
+    other = run_certify(_cfg(tiny_data_root, tmp_path / "b", shard_size=5), defense=_defense())
+    pd.testing.assert_frame_equal(_comparable(load_records(other)), _comparable(df))
+
+
+def test_resume_recomputes_only_missing_shards(tiny_data_root, tmp_path, monkeypatch):
+    run_dir = run_certify(_cfg(tiny_data_root, tmp_path), defense=_defense())
+    before = load_records(run_dir)
+    (run_dir / "records" / "shard-00001.parquet").unlink()
+    assert not completeness(run_dir).complete
+    import harness.certify as hc
+    calls: list[int] = []
+    real = hc._records
+    monkeypatch.setattr(hc, "_records", lambda d, x, y, idx, s, *a: (calls.append(s), real(d, x, y, idx, s, *a))[1])
+    run_certify(_cfg(tiny_data_root, tmp_path), defense=_defense())
+    assert calls == [1] and completeness(run_dir).complete
+    pd.testing.assert_frame_equal(_comparable(load_records(run_dir)), _comparable(before))
+    with pytest.raises(Exception, match="different settings"):
+        run_certify(_cfg(tiny_data_root, tmp_path, N=300), defense=_defense())
+
+
+def test_report_gives_certified_accuracy_with_intervals(tiny_data_root, tmp_path, capsys):
+    run_dir = run_certify(_cfg(tiny_data_root, tmp_path), defense=_defense())
+    assert main(["report", str(run_dir), "--radii", "0", "0.1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| tiny"))
+    df = load_records(run_dir)
+    at0 = 100 * (df["correct"] & ~df["abstain"]).mean()
+    assert f"| {at0:.1f} " in row and ("CP[" in row or "BCa[" in row) and "Latency" in out
+    assert main(["report", str(run_dir), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["N"] == 200 and [c["radius"] for c in data[0]["certified"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    html = tmp_path / "r.html"
+    assert main(["report", str(run_dir), "--format", "html", "-o", str(html)]) == 0
+    assert "certified accuracy curve" in html.read_text()
+
+
+def test_compare_refuses_mismatched_budgets(tiny_data_root, tmp_path, capsys):
+    a = run_certify(_cfg(tiny_data_root, tmp_path / "a"), defense=_defense())
+    b = run_certify(_cfg(tiny_data_root, tmp_path / "b"), defense=Defense(TinyCNN(seed=1).eval(), None, name="t1"))
+    c = run_certify(_cfg(tiny_data_root, tmp_path / "c", N=100), defense=_defense())
+    assert main(["compare", str(a), str(b), "--radius", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "Budgets matched: sigma = 0.1, n0 = 16, N = 200, alpha = 0.01" in out and "exact McNemar" in out
+    assert main(["compare", str(a), str(c)]) == 3
+    assert "N = 200 in cert but 100 in cert" in capsys.readouterr().err
+    assert main(["compare", str(a), str(c), "--allow-mismatch"]) == 0
+    assert "NOT a like-for-like ranking" in capsys.readouterr().out
+
+
+def test_kinds_are_not_mixed(tiny_data_root, tmp_path, capsys):
+    cert = run_certify(_cfg(tiny_data_root, tmp_path / "c"), defense=_defense())
+    with pytest.raises(RunFormatError, match="holds a certify run"):
+        load_config(cert)
+    assert main(["run", "--defense", "none", "--data-root", str(tiny_data_root), "--out", str(tmp_path / "r"),
+                 "--run-id", "att", "--n", "4", "--attacks", "pgd", "--attack-opt", "steps=1", "--device", "cpu",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(cert), str(tmp_path / "r" / "att")]) == 2
+    assert "separately" in capsys.readouterr().err
+
+
+def test_latency_protocol(tiny_data_root, monkeypatch):
+    import harness.certify as hc
+    monkeypatch.setattr(hc, "create_defense", lambda spec, **kw: _defense())
+    out = latency(_cfg(tiny_data_root, Path("unused")), samples=2)
+    assert out["seconds_per_sample"] > 0 and out["samples"] == 2 and out["warmup"] == 1 and out["N"] == 200
+    assert out["hardware"]["device"] == "cpu" and out["hardware"]["threads"] >= 1
+
+
+def test_bad_certify_flags_are_one_line(capsys):
+    assert main(["certify", "--defense", "none", "--sigma", "0"]) == 2
+    assert "--sigma" in capsys.readouterr().err
