@@ -76,6 +76,12 @@ def test_base_classifiers_are_registered_with_sigma(train_root, tmp_path, monkey
     assert _train(train_root, path, "--objective", "consistency") == 0
     d = create_defense("smoothing-consistency", sigma=0.25, weights=str(path))
     assert d.name == "smoothing-consistency-s0.25" and d.purifier is None and not d.stochastic
+    noisy = create_defense("smoothing-consistency", sigma=0.25, weights=str(path), noise=True).eval()
+    x = torch.full((4, 3, 32, 32), 0.5)
+    with torch.no_grad():
+        assert noisy.stochastic and not torch.equal(noisy(x), noisy(x))
+        z = noisy.purify(torch.zeros(64, 3, 32, 32))
+    assert z.min() < 0 and abs(float(z.std()) - 0.25) < 0.01  # unclipped N(0, σ²) noise, as certification adds
     import defenses.smoothing as smoothing_defenses
     monkeypatch.setattr(smoothing_defenses, "smoothing_weights", lambda objective, sigma: tmp_path / "none.pt")
     with pytest.raises(Exception, match="harness train smoothing --objective gaussian --sigma 0.5"):
