@@ -27,6 +27,7 @@ from harness.data import TestSet, load_test_set, select_indices
 from harness.defense import Defense, create_defense
 from harness.errors import SetupError, UsageError
 from harness.estimate import CALIBRATION_SAMPLES, Estimate, estimate
+from harness.executors import Executor, make_executor
 from harness import fingerprint
 from harness.progress import StageLog, bars_enabled, get_logger, progress_bar
 from harness.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
@@ -100,7 +101,8 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
-        shard_slice: tuple[int, int] | None = None) -> Path:
+        shard_slice: tuple[int, int] | None = None, executor: str | Executor = "local", ray_address: str | None = None,
+        gpus_per_task: float | None = None, cpus_per_task: float | None = None) -> Path:
     """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
 
     A resume whose defense source or weights, data, package versions or harness commit differ from
@@ -112,8 +114,16 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     (a Slurm array). A slice that finishes while other slices' shards are missing returns with the run
     incomplete; the slice that finds every shard done runs the escalation stages (if any) and completes the
     run. The records do not depend on the slicing: every shard's seeds are a function of (run seed, shard).
+    ``executor``: where shards are computed, ``local`` or ``ray`` with its options (:mod:`harness.executors`).
     """
     run_id = validate_run_id(cfg.run_id) if cfg.run_id else None
+    if cfg.until is not None and shard_slice is not None:
+        raise UsageError("--until evaluates shards in order and stops early; it cannot be split with --shard-slice")
+    name = executor if isinstance(executor, str) else executor.name
+    if name != "local" and (shard_slice is not None or cfg.until is not None):
+        raise UsageError(f"--executor {name} spreads every shard of the run over its workers; it cannot be combined "
+                         f"with {'--shard-slice' if shard_slice is not None else '--until'} (use --executor local)")
+    executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
     cfg, defense, data, indices = prepare(cfg, defense)
     device = resolve_device(cfg.device)
     plan = Plan.split(indices, cfg.shard_size)
@@ -130,21 +140,15 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
     shards = plan.shards()
-    if cfg.until is not None and shard_slice is not None:
-        raise UsageError("--until evaluates shards in order and stops early; it cannot be split with --shard-slice")
     mine = slice_shards(len(shards), shard_slice)
     ctx = _Context(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards))
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
-    for b in base:
-        ctx.bar(b.name)
     try:  # phase A: the configured battery on every shard (of this slice; up to the stop of a sequential run)
-        done_a = lambda s: store.shard_stages(s) is not None  # noqa: E731
-        work_a = lambda s, idx: ctx.run_shard(s, idx, base, first_stage=1, prior=None)  # noqa: E731
         if cfg.until is not None:
-            shards = shards[:sequential_phase(ctx, shards, plan, done_a, work_a, [b.name for b in base])]
+            shards = shards[:sequential_phase(ctx, shards, plan)]
             mine = list(range(len(shards)))
         else:
-            ctx.each_shard(shards, mine, "attacks", [b.name for b in base], done=done_a, work=work_a)
+            executor.phase(ctx, shards, mine, "attacks")
         others = [s for s in range(len(shards)) if store.shard_stages(s) is None]
         if others:  # only with a slice: other slices are still running (or not started)
             log.info("slice %d/%d done; %d shards of other slices are not finished yet, so the run is not complete: the "
@@ -157,19 +161,10 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
             store.write_config(cfg)
         if escalations:  # phase B: escalation stages on every shard's still-robust samples
             log.info("escalating with %s", ", ".join(e.name for e in escalations))
-            for e in escalations:
-                ctx.bar(e.name)
-            names = ["clean"] + [b.name for b in base] + [e.name for e in escalations]
-
-            def escalate(s: int, idx: list[int]) -> None:
-                prior = store.read_shard(s)
-                prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
-                ctx.run_shard(s, idx, escalations, first_stage=len(base) + 1, prior=prior)
-
-            ctx.each_shard(shards, list(range(len(shards))), "escalation", [e.name for e in escalations],
-                           done=lambda s: store.shard_stages(s) == names, work=escalate)
+            executor.phase(ctx, shards, list(range(len(shards))), "escalation")
     finally:
         ctx.close()
+        executor.close()
     with store.run_lock():
         missing = completeness(store.dir).missing_shards
         if missing:  # e.g. a shard file deleted while the run was going on
@@ -179,12 +174,14 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     return store.dir
 
 
-def sequential_phase(ctx: "_Context", shards: list[list[int]], plan: Plan, done: Callable[[int], bool],
-                     work: Callable[[int, list[int]], None], names: list[str]) -> int:
+def sequential_phase(ctx: "_Context", shards: list[list[int]], plan: Plan) -> int:
     """Phase A of a ``--until`` run: shards strictly in order, checking the stopping rule on the finished prefix
     before each one (:mod:`harness.stopping`); records the outcome in provenance and returns the number of shards
     the run keeps."""
     cfg, store = ctx.cfg, ctx.store
+    names, done, work = ctx.steps("attacks")
+    for name in names:
+        ctx.bar(name)
     rule = StopRule.parse(cfg.until, cfg.against)
     population, confidence = len(plan.indices), 0.95
     paired = None
@@ -283,6 +280,23 @@ class _Context:
             self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars))
         return self.bars[name]
 
+    def steps(self, phase: str) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
+        """The attack names of ``phase`` (``attacks``: the battery; ``escalation``: ``cfg.escalations``), whether a
+        shard has them stored, and the work computing them on a shard: what every executor runs per shard."""
+        base = [AttackSpec.from_dict(s) for s in self.cfg.battery]
+        if phase == "attacks":
+            return ([b.name for b in base], lambda s: self.store.shard_stages(s) is not None,
+                    lambda s, idx: self.run_shard(s, idx, base, first_stage=1, prior=None))
+        escalations = [AttackSpec.from_dict(s) for s in self.cfg.escalations]
+        full = ["clean"] + [b.name for b in base] + [e.name for e in escalations]
+
+        def escalate(s: int, idx: list[int]) -> list[dict[str, Any]]:
+            prior = self.store.read_shard(s)
+            prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
+            return self.run_shard(s, idx, escalations, first_stage=len(base) + 1, prior=prior)
+
+        return [e.name for e in escalations], lambda s: self.store.shard_stages(s) == full, escalate
+
     def each_shard(self, shards: list[list[int]], which: list[int], phase: str, names: list[str], *,
                    done: Callable[[int], bool], work: Callable[[int, list[int]], None]) -> None:
         """Run ``work`` on every shard in ``which`` not ``done``: first the shards no other process holds, then
@@ -321,8 +335,9 @@ class _Context:
             bar.close()
 
     def run_shard(self, shard: int, indices: list[int], specs: list[AttackSpec], *, first_stage: int,
-                  prior: pd.DataFrame | None) -> None:
-        cfg = self.cfg
+                  prior: pd.DataFrame | None) -> list[dict[str, Any]]:
+        """Compute stages ``specs`` of one shard and write it (caller holds its lock); returns per-stage counts."""
+        cfg, summary = self.cfg, []
         x, y = self.data.get(indices, self.device)
         frames, side = [], {"stages": [], "attacks": {}, "diagnostics": []}
         adv: dict[str, Any] | None = None
@@ -365,10 +380,11 @@ class _Context:
                 full[before] = outcome.x_adv
                 adv["x_adv"][spec.name] = full.cpu()
             self.bar(spec.name).update(len(indices))
-            self.progress.stage_done(shard=shard, n_shards=self.n_shards, stage=spec.name, size=len(indices),
-                                     attempted=int(before.sum()), robust=int(outcome.robust_after.sum()),
-                                     seconds=time.monotonic() - t0)
+            summary.append(dict(stage=spec.name, attempted=int(before.sum()), robust=int(outcome.robust_after.sum()),
+                                seconds=time.monotonic() - t0))
+            self.progress.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
         self.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, adv)
+        return summary
 
     @staticmethod
     def _frame(cols: dict[str, Any], indices: list[int], y: torch.Tensor, shard: int, stage: int, name: str) -> pd.DataFrame:

@@ -12,6 +12,8 @@ POINTS = arg_type(float, Rule(low=0, high=50, low_open=True, high_open=True, uni
 PROBABILITY = arg_type(float, Rule(low=0, high=1, low_open=True, high_open=True))  # confidence, alpha, power
 FRACTION = arg_type(float, Rule(low=0, high=1))
 COUNT = arg_type(int, Rule(low=1))
+NONNEGATIVE = arg_type(float, Rule(low=0))  # resources, e.g. GPUs per task
+POSITIVE = arg_type(float, Rule(low=0, low_open=True))
 SEED = arg_type(int, RULES["seed"])
 # BCa intervals need about 1,000 resamples or more for stable tail quantiles (Efron & Tibshirani 1993, ch. 14)
 RESAMPLES = arg_type(int, Rule(low=1000))

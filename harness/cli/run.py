@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.cli.argtypes import number_or_fraction, shard_slice
+from harness.cli.argtypes import NONNEGATIVE, POSITIVE, number_or_fraction, shard_slice
 from harness.config import RunConfig, config_from_mapping, load_toml, merge, parse_key_values
 from harness.defense import GRAD_MODES
 from harness.errors import UsageError
@@ -63,6 +63,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-slice", type=shard_slice, metavar="I/N",
                    help="compute only slice I of N (shards I, I+N, I+2N, ...; I from 0) into the same run directory, "
                         "for N jobs on shared storage such as a Slurm array; the last slice to finish completes the run")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="where shards are computed: local (this process) or ray (one Ray task per shard, on a local "
+                        "Ray instance or the cluster at --ray-address; needs shared storage for --out, see "
+                        "docs/cluster.md) [default: local]")
+    p.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the Ray cluster to use, e.g. HEAD:6379 "
+                                                         "[default: start a local Ray instance]")
+    p.add_argument("--gpus-per-task", type=NONNEGATIVE, metavar="G", help="with --executor ray: GPUs per shard task "
+                                                                       "(fractions share a GPU) [default: 0]")
+    p.add_argument("--cpus-per-task", type=POSITIVE, metavar="C", help="with --executor ray: CPUs per shard task "
+                                                                     "[default: 1]")
     p.add_argument("--force-resume", action="store_true",
                    help="resume even if the defense source or weights, the data, package versions or the harness "
                         "commit changed since the run started (recorded in provenance.json)")
@@ -110,7 +120,8 @@ def main(args: argparse.Namespace) -> int:
     if args.estimate:
         print(estimate_run(cfg).text())
         return 0
-    run_dir = run(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice)
+    run_dir = run(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice, executor=args.executor,
+                  ray_address=args.ray_address, gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task)
     state = completeness(run_dir)
     if not state.complete and args.shard_slice is not None:
         i, n = args.shard_slice

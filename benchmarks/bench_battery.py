@@ -1,0 +1,129 @@
+"""The harness's batteries against the libraries they stand in for, on the same model, images and ε, in one run:
+
+1. ``standard`` (APGD-CE, APGD-T, FAB-T, Square-5000, cascaded, through ``harness run``) against
+   ``pyautoattack.AutoAttack(version="standard")`` called directly;
+2. the harness's PGD with EOT-20 on a stochastic defense against ``torchattacks.EOTPGD`` (same ε, step,
+   steps, draws, no random start), both scored by the harness's evaluation (R draws, all must be correct).
+
+For each pair: wall time and its ratio (harness / library; target ≤ 1.10 for the battery), the per-sample
+robust outcomes, their agreement rate and every disagreement (which side broke the sample, and whether its
+adversarial example lies in the ε-ball). Run it on an idle machine; the load average is printed beside the times.
+
+    .venv/bin/python benchmarks/bench_battery.py --n 100 --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import defenses  # noqa: E402,F401  (registers at-small)
+from harness import runner  # noqa: E402
+from harness.config import RunConfig  # noqa: E402
+from harness.criteria import worst_case  # noqa: E402
+from harness.data import load_test_set, select_indices  # noqa: E402
+from harness.defense import create_defense  # noqa: E402
+from harness.evaluation import evaluate  # noqa: E402
+from harness.store import load_records  # noqa: E402
+
+
+def _load() -> str:
+    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def _report(name: str, t_h: float, t_l: float, rob_h: np.ndarray, rob_l: np.ndarray, idx: list[int], notes: list[str]) -> None:
+    agree = float(np.mean(rob_h == rob_l))
+    print(f"\n== {name} ==\nharness {t_h:.1f} s, library {t_l:.1f} s, ratio {t_h / t_l:.3f} ({_load()})")
+    print(f"robust: harness {int(rob_h.sum())}/{len(rob_h)}, library {int(rob_l.sum())}/{len(rob_l)}; "
+          f"per-sample agreement {100 * agree:.1f}%")
+    for i in np.flatnonzero(rob_h != rob_l):
+        who = "library broke it, harness did not" if rob_h[i] else "harness broke it, library did not"
+        print(f"  sample {idx[i]}: {who}{notes[i] if notes else ''}")
+
+
+def battery(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> None:
+    from pyautoattack import AutoAttack
+    with tempfile.TemporaryDirectory() as out:
+        cfg = RunConfig(defense=args.defense, data_root=args.data_root, n=args.n, seed=args.seed, attacks="standard",
+                        eps=args.eps, device="cpu", out=out, quiet=True, escalate=False, batch_size=args.batch_size,
+                        shard_size=max(args.n, 1))
+        t0 = time.perf_counter()
+        run_dir = runner.run(cfg)
+        t_h = time.perf_counter() - t0
+        rob_h = worst_case(load_records(run_dir), "all").worst.astype(bool)  # ascending index = idx order
+    model = create_defense(args.defense).eval()
+    adversary = AutoAttack(model, norm="Linf", eps=args.eps, version="standard", seed=args.seed)
+    t0 = time.perf_counter()
+    x_adv = adversary.run_standard_evaluation(x, y, batch_size=args.batch_size)
+    t_l = time.perf_counter() - t0
+    with torch.no_grad():
+        rob_l = (model(x_adv).argmax(1) == y).numpy()
+    linf = (x_adv - x).flatten(1).abs().amax(1)
+    notes = [f" (library's example at ℓ∞ {float(d):.5f}, ε = {args.eps:.5f})" for d in linf]
+    _report(f"standard battery vs pyautoattack AutoAttack(version='standard'), ε = {args.eps:.5f}, n = {len(idx)}",
+            t_h, t_l, rob_h, rob_l, idx, notes)
+
+
+def eot(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> None:
+    import torchattacks
+    from attacks.pgd import PGD
+    from harness.target import Target
+    defense = _noisy(args)
+    alpha = args.eps / 4
+    pgd = PGD(eps=args.eps, steps=args.steps, step_size=alpha, random_start=False)
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    res = pgd(Target(defense, "full", 20), x, y, seed=args.seed)
+    t_h = time.perf_counter() - t0
+    attack = torchattacks.EOTPGD(defense, eps=args.eps, alpha=alpha, steps=args.steps, eot_iter=20, random_start=False)
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    x_lib = attack(x, y)
+    t_l = time.perf_counter() - t0
+    robust = [evaluate(defense, xa, y, 10, args.seed, args.batch_size).correct_all.numpy() for xa in (res.x_adv, x_lib)]
+    _report(f"PGD-{args.steps} EOT-20 vs torchattacks.EOTPGD on at-small + Gaussian noise σ = {args.noise}, "
+            f"ε = {args.eps:.5f}, robust = correct in all of 10 draws", t_h, t_l, robust[0], robust[1], idx, [])
+
+
+def _noisy(args: argparse.Namespace):
+    from defenses.gaussian_noise import GaussianNoise
+    from harness.defense import Defense
+    base = create_defense(args.defense)
+    return Defense(base.classifier, GaussianNoise(args.noise), num_classes=10, stochastic=True,
+                   name=f"{args.defense}+noise").eval()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--defense", default="at-small", help="a deterministic registered defense [at-small]")
+    p.add_argument("--n", type=int, default=100, help="test images (a seeded subset) [100]")
+    p.add_argument("--eps", type=float, default=8 / 255)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=20, help="PGD steps of the EOT comparison [20]")
+    p.add_argument("--noise", type=float, default=0.03, help="σ of the stochastic defense of the EOT comparison")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", choices=("battery", "eot"), help="run one comparison")
+    p.add_argument("--data-root", default=os.environ.get("HARNESS_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data")))
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    data = load_test_set("cifar10", args.data_root)
+    idx = select_indices(len(data), args.n, args.seed)
+    x, y = data.get(idx)
+    print(f"{args.defense}, n = {len(idx)} (seed {args.seed}), {args.threads} threads, {_load()}")
+    if args.only in (None, "battery"):
+        battery(args, x, y, idx)
+    if args.only in (None, "eot"):
+        eot(args, x, y, idx)
+
+
+if __name__ == "__main__":
+    main()
