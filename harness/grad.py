@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Literal, Sequence
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 StepFn = Callable[[Tensor, int, torch.Generator], Tensor]
 Method = Literal["checkpoint", "recompute", "naive"]
@@ -170,7 +170,11 @@ def unroll(step: StepFn, x0: Tensor, num_steps: int, *, method: Method = "checkp
             return _run(step, x0, 0, num_steps, seed)
         return _Recompute.apply(x0, step, num_steps, seed, *flat)
     x = x0
-    for start in range(0, num_steps, segment):
-        stop = min(start + segment, num_steps)
-        x = checkpoint(_run, step, x, start, stop, seed, use_reentrant=False, preserve_rng_state=True)
+    # no early stop: otherwise a segment's recomputation halts inside its last network call once the last saved
+    # tensor is rebuilt, and that recomputed pass escapes the pass counting (harness.passes); the setting is read
+    # when each checkpoint is made
+    with set_checkpoint_early_stop(False):
+        for start in range(0, num_steps, segment):
+            stop = min(start + segment, num_steps)
+            x = checkpoint(_run, step, x, start, stop, seed, use_reentrant=False, preserve_rng_state=True)
     return x

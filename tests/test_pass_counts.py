@@ -180,3 +180,20 @@ def test_spent_passes_summarizes_the_records():
     tried = int(df[(df.stage == 2) & df.attempted].shape[0])
     assert table.loc["square", "attempted"] == tried < 40
     assert table.loc["square", "classifier_forward"] == 11 and table.loc["square", "classifier_forward_total"] == 11 * tried
+
+
+def test_checkpointed_unroll_counts_recomputed_network_passes():
+    """A step whose last operation is the network call: checkpointing re-runs it in the backward pass, and that
+    recomputation is a forward pass like any other (the counts equal those of ``recompute``)."""
+    from harness.grad import unroll
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 3, 3, padding=1))
+    x = torch.rand(2, 3, 8, 8)
+    counts = {}
+    for method in ("checkpoint", "recompute"):
+        budget = Budget()
+        with counting([("purifier", net)], budget):
+            xi = x.clone().requires_grad_(True)
+            unroll(lambda z, s, g: net(z), xi, 3, method=method, params=[xi]).sum().backward()
+        counts[method] = budget.counts()
+    assert counts["checkpoint"]["purifier_forward"] == counts["recompute"]["purifier_forward"] == 2 * 3 * 2
+    assert counts["checkpoint"]["purifier_backward"] == 3 * 2
