@@ -37,18 +37,13 @@ from torch import Tensor
 from harness import atomic
 from harness.errors import UsageError
 from harness.cli.argtypes import number_or_fraction
-from harness.training import (Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
+from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe, step_generator)
 
 from .a3 import A3Config, a3_losses, logistic_noise
 from .small_cnn import DEFAULT_WEIGHTS, SmallCNN, build_small_cnn, complexity
 
-STREAM_ORDER, STREAM_AUGMENT, STREAM_START, STREAM_MASK = 0, 1, 2, 3  # independent random streams of (seed, ...)
-
-
-def epoch_order(n: int, epoch: int, seed: int) -> Tensor:
-    """The data order of ``epoch``: a permutation of ``n`` drawn from (seed, epoch)."""
-    return torch.randperm(n, generator=step_generator(seed, STREAM_ORDER, epoch))
+STREAM_AUGMENT, STREAM_START, STREAM_MASK = 1, 2, 3  # random streams of (seed, ...) after the data order's (0)
 
 
 def augment(images: Tensor, gen: torch.Generator) -> Tensor:
@@ -138,11 +133,8 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
             raise UsageError(f"--train-limit must be a positive number of images, got {args.train_limit}")
         images, labels = images[:args.train_limit], labels[:args.train_limit]
     n = int(images.shape[0])
-    if args.batch_size < 1 or args.batch_size > n or args.epochs < 1:
-        raise UsageError(f"need 1 <= --batch-size <= training images ({n}) and --epochs >= 1; "
-                         f"got --batch-size {args.batch_size}, --epochs {args.epochs}")
-    per_epoch = n // args.batch_size  # the last incomplete batch of each epoch is dropped
-    total = args.epochs * per_epoch
+    batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
+    total = batches.total_steps
     arch = {k: getattr(a3, k) for k in ("tau", "max_log_ratio", "logit_bound")} if a3 else None
     model = build_small_cnn(args.width, seed=args.seed, a3=arch).to(device)
     model.train()
@@ -157,19 +149,12 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
                       lambda rec: save_weights(model, out, config, rec, dtype),
                       args.command_line or f"harness.training.get_recipe({recipe!r}).run(args) (options in config)",
                       config=config,
-                      extra_record=lambda: {"epochs": args.epochs, "steps_per_epoch": per_epoch, "total_steps": total,
-                                            "epochs_done": round(trainer.step / per_epoch, 3),
-                                            "complexity": size,
-                                            "dataset": "cifar10-train", "images": n, "save_dtype": args.save_dtype})
+                      extra_record=lambda: {**batches.record(trainer.step), "complexity": size,
+                                            "dataset": "cifar10-train", "save_dtype": args.save_dtype})
     trainer.resume(device)
-    order: dict[int, Tensor] = {}  # this run's epoch permutations (one kept)
 
     def step(i: int) -> dict[str, float]:
-        epoch, k = divmod(i, per_epoch)
-        if epoch not in order:
-            order.clear()
-            order[epoch] = epoch_order(n, epoch, args.seed)
-        idx = order[epoch][k * args.batch_size:(k + 1) * args.batch_size]
+        idx = batches.indices(i)
         x = augment(images[idx], step_generator(args.seed, STREAM_AUGMENT, i)).to(device)
         y = labels[idx].to(device)
         for group in opt.param_groups:

@@ -38,12 +38,12 @@ from torch import Tensor, nn
 
 from harness import atomic
 from harness.errors import SetupError, UsageError
-from harness.training import (Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
+from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe, step_generator)
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "ddpm_small.pt"
-STREAM_ORDER, STREAM_FLIP, STREAM_TIME, STREAM_NOISE = 0, 1, 2, 3  # independent random streams of (seed, ...)
+STREAM_FLIP, STREAM_TIME, STREAM_NOISE = 1, 2, 3  # random streams of (seed, ...) after the data order's (0)
 SCHEDULE = {"num_train_timesteps": 1000, "beta_schedule": "linear", "beta_start": 1e-4, "beta_end": 0.02}
 DEFAULT_CHANNELS = (32, 64, 64)
 
@@ -140,11 +140,8 @@ def train(args: argparse.Namespace) -> dict:
     if args.train_limit is not None:
         images = images[:args.train_limit]
     n = int(images.shape[0])
-    if not 1 <= args.batch_size <= n or args.epochs < 1:
-        raise UsageError(f"need 1 <= --batch-size <= training images ({n}) and --epochs >= 1; "
-                         f"got --batch-size {args.batch_size}, --epochs {args.epochs}")
-    per_epoch = n // args.batch_size
-    total = args.epochs * per_epoch
+    batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
+    total = batches.total_steps
     model = build_unet(arch, seed=args.seed).to(device)
     model.train()
     scheduler = noise_scheduler()
@@ -155,18 +152,12 @@ def train(args: argparse.Namespace) -> dict:
     params = parameter_count(model)
     trainer = Trainer("ddpm", args, model, opt, state_path, lambda rec: save_weights(model, out, config, rec),
                       args.command_line or "harness train ddpm (options in config)", config=config,
-                      extra_record=lambda: {"epochs": args.epochs, "steps_per_epoch": per_epoch, "total_steps": total,
-                                            "epochs_done": round(trainer.step / per_epoch, 3), "parameters": params,
-                                            "dataset": "cifar10-train", "images": n})
+                      extra_record=lambda: {**batches.record(trainer.step), "parameters": params,
+                                            "dataset": "cifar10-train"})
     trainer.resume(device)
-    order: dict[int, Tensor] = {}
 
     def step(i: int) -> dict[str, float]:
-        epoch, k = divmod(i, per_epoch)
-        if epoch not in order:
-            order.clear()
-            order[epoch] = torch.randperm(n, generator=step_generator(args.seed, STREAM_ORDER, epoch))
-        idx = order[epoch][k * args.batch_size:(k + 1) * args.batch_size]
+        idx = batches.indices(i)
         x0 = prepare_batch(images[idx], step_generator(args.seed, STREAM_FLIP, i))
         t = sample_timesteps(x0.shape[0], args.t_max, step_generator(args.seed, STREAM_TIME, i))
         noise = torch.randn(x0.shape, generator=step_generator(args.seed, STREAM_NOISE, i))

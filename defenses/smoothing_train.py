@@ -21,7 +21,6 @@ in Cohen et al. Writes the weights and a sidecar JSON (command, seed, epochs, lo
 from __future__ import annotations
 
 import argparse
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,10 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from harness.errors import UsageError
-from harness.training import (Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
+from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe, step_generator)
 
-from .adv_train import STREAM_AUGMENT, augment, epoch_order, save_weights, triangular_lr
+from .adv_train import STREAM_AUGMENT, augment, save_weights, triangular_lr
 from .small_cnn import WEIGHTS_DIR, SmallCNN, build_small_cnn, complexity
 
 STREAM_NOISE = 4  # after adv_train's streams (order, augment, start, mask)
@@ -91,11 +90,8 @@ def train(args: argparse.Namespace) -> dict:
     if args.train_limit is not None:
         images, labels = images[:args.train_limit], labels[:args.train_limit]
     n = int(images.shape[0])
-    if not 1 <= args.batch_size <= n or args.epochs < 1:
-        raise UsageError(f"need 1 <= --batch-size <= training images ({n}) and --epochs >= 1; "
-                         f"got --batch-size {args.batch_size}, --epochs {args.epochs}")
-    per_epoch = n // args.batch_size
-    total = args.epochs * per_epoch
+    batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
+    total = batches.total_steps
     model = build_small_cnn(args.width, seed=args.seed).to(device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=args.momentum, weight_decay=args.weight_decay)
@@ -108,18 +104,12 @@ def train(args: argparse.Namespace) -> dict:
     trainer = Trainer("smoothing", args, model, opt, state_path,
                       lambda rec: save_weights(model, out, config, rec, torch.float32),
                       args.command_line or "harness train smoothing (options in config)", config=config,
-                      extra_record=lambda: {"epochs": args.epochs, "steps_per_epoch": per_epoch, "total_steps": total,
-                                            "epochs_done": round(trainer.step / per_epoch, 3), "complexity": size,
-                                            "dataset": "cifar10-train", "images": n})
+                      extra_record=lambda: {**batches.record(trainer.step), "complexity": size,
+                                            "dataset": "cifar10-train"})
     trainer.resume(device)
-    order: dict[int, Tensor] = {}
 
     def step(i: int) -> dict[str, float]:
-        epoch, k = divmod(i, per_epoch)
-        if epoch not in order:
-            order.clear()
-            order[epoch] = epoch_order(n, epoch, args.seed)
-        idx = order[epoch][k * args.batch_size:(k + 1) * args.batch_size]
+        idx = batches.indices(i)
         x = augment(images[idx], step_generator(args.seed, STREAM_AUGMENT, i)).to(device)
         for group in opt.param_groups:
             group["lr"] = triangular_lr(i, total, args.lr)

@@ -134,6 +134,35 @@ def step_generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int((int(state[0]) << 31) ^ int(state[1])) & 0x7FFFFFFFFFFFFFFF)
 
 
+ORDER_STREAM = 0  # the data-order stream of every recipe: recipes run with one seed see the same batches
+
+
+class EpochBatches:
+    """Which training images step i uses: epoch e = i // steps_per_epoch visits the first ``n`` images in a
+    permutation drawn from (seed, ORDER_STREAM, e) in batches of ``batch_size``, dropping the last incomplete
+    batch. A function of (seed, step) only, so a resumed run sees the batches an unbroken one does."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, epochs: int) -> None:
+        if not 1 <= batch_size <= n or epochs < 1:
+            raise UsageError(f"need 1 <= --batch-size <= training images ({n}) and --epochs >= 1; "
+                             f"got --batch-size {batch_size}, --epochs {epochs}")
+        self.n, self.batch_size, self.seed, self.epochs = n, batch_size, seed, epochs
+        self.steps_per_epoch = n // batch_size
+        self.total_steps = epochs * self.steps_per_epoch
+        self._order: tuple[int, Tensor] | None = None  # the current epoch's permutation
+
+    def indices(self, step: int) -> Tensor:
+        epoch, k = divmod(step, self.steps_per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, torch.randperm(self.n, generator=step_generator(self.seed, ORDER_STREAM, epoch)))
+        return self._order[1][k * self.batch_size:(k + 1) * self.batch_size]
+
+    def record(self, step: int) -> dict:
+        """The sidecar fields of the schedule, at ``step``."""
+        return {"epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
+                "epochs_done": round(step / self.steps_per_epoch, 3), "images": self.n}
+
+
 def load_average() -> float | None:
     """The 1-minute load average, ``None`` where the OS has none (recorded beside training times)."""
     try:

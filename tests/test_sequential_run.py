@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from conftest import TinyCNN, write_model_labelled_npz
 from harness import runner, stopping
