@@ -35,12 +35,15 @@ class Transfer(Attack):
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", surrogate: str = "classifier",
                  surrogate_opts: dict[str, Any] | None = None, inner: str = "pgd", steps: int = 50, restarts: int = 1,
-                 loss: str = "ce", draws: int | None = None, **inner_opts: Any) -> None:
+                 loss: str | None = None, draws: int | None = None, **inner_opts: Any) -> None:
         super().__init__(eps=eps, norm=norm)
-        self.surrogate, self.inner, self.steps, self.restarts, self.loss = surrogate, inner, int(steps), int(restarts), loss
+        self.surrogate, self.inner, self.steps, self.restarts = surrogate, inner, int(steps), int(restarts)
         self.surrogate_opts = dict(surrogate_opts or {})
         self.draws = draws
-        self._inner = create_attack(inner, eps=eps, norm=norm, steps=self.steps, restarts=self.restarts, loss=loss, **inner_opts)
+        if loss is not None:  # else the inner attack's own (an inner such as apgd-ce fixes it)
+            inner_opts["loss"] = loss
+        self._inner = create_attack(inner, eps=eps, norm=norm, steps=self.steps, restarts=self.restarts, **inner_opts)
+        self.loss = self._inner.budget().loss
         # no gradient of the defense itself is used, and the surrogate is attacked with one draw
         self.capabilities = Capabilities(uses_gradients=False, supports_eot=False, effort_option="steps",
                                          supports_autocast=self._inner.capabilities.supports_autocast)

@@ -113,26 +113,18 @@ def test_auxiliary_must_be_callable() -> None:
         Defense(torch.nn.Linear(2, 2), auxiliary={"rec": 1})
 
 
-def test_mask_aware_and_branch_transfer_attacks_run_and_are_counted(tmp_path, tiny_data_root) -> None:
-    path = _weights(tmp_path, a3=True)
-    battery = tmp_path / "a3-adaptive.toml"
-    battery.write_text(f'''
-[[attacks]]
-name = "mask"
-attack = "joint-rec"
-options = {{ steps = 3, alpha = 0.5, aux = "attenuation" }}
-
-[[attacks]]
-name = "from-plain"
-attack = "transfer"
-options = {{ steps = 3, surrogate = "a3-small", surrogate_opts = {{ weights = "{path}", view = "plain" }} }}
-''')
+def test_shipped_adaptive_battery_runs_and_is_counted(tmp_path, tiny_data_root, monkeypatch) -> None:
+    """results/cifar10-linf/a3-adaptive.toml as shipped (its steps cut to 2): the mask-aware joint-rec and the
+    transfers from both branches run and their passes are counted."""
+    monkeypatch.setitem(small_cnn.DEFAULT_WEIGHTS, "a3", _weights(tmp_path, a3=True, name="a3_small.pt"))
+    battery = Path(__file__).resolve().parents[1] / "results" / "cifar10-linf" / "a3-adaptive.toml"
     assert main(["run", "--data-root", str(tiny_data_root), "--out", str(tmp_path / "runs"), "--quiet", "--device",
-                 "cpu", "--n", "8", "--attacks", str(battery), "--defense", "a3-small", "--defense-opt",
-                 f'weights="{path}"', "--run-id", "r", "--every-attack", "--no-escalate"]) == 0
+                 "cpu", "--n", "8", "--attacks", str(battery), "--attack-opt", "steps=2", "--defense", "a3-small",
+                 "--run-id", "r", "--every-attack", "--no-escalate"]) == 0
     df = load_records(tmp_path / "runs" / "r")
-    assert {"clean", "mask", "from-plain"} <= set(df.attack)
+    assert {"clean", "apgd-ce", "apgd-t", "mask", "from-plain", "from-amplified"} <= set(df.attack)
     mask = df[df.attack == "mask"]
     # each step: CE forward+backward and the attenuation forward+backward, both through the counted classifier
-    assert (mask.classifier_forward >= 2 * 3).all() and (mask.classifier_backward >= 2 * 3).all()
+    assert (mask.classifier_forward >= 2 * 2).all() and (mask.classifier_backward >= 2 * 2).all()
     assert (mask.loss_fn == "joint-ce-attenuation-alpha0.5").all()
+    assert (df[df.attack.str.startswith("from-")].loss_fn == "ce").all()  # apgd-ce's own loss
