@@ -26,7 +26,9 @@ from harness.target import Target
 from harness.attack import AttackResult, Capabilities, Norm, project
 
 # gradient attacks through a library: EOT by the target, bfloat16 autocast tested (tests/test_autocast.py)
-LIBRARY_CAPABILITIES = Capabilities(uses_gradients=True, supports_eot=True, supports_autocast=True, effort_option="steps")
+# upstream returns the clean input for the samples it does not break
+LIBRARY_CAPABILITIES = Capabilities(uses_gradients=True, returns_failed_input=True, supports_eot=True,
+                                    supports_autocast=True, effort_option="steps")
 
 LOG = logging.getLogger("harness.attacks")
 

@@ -34,7 +34,7 @@ class AutoAttackAdapter(Attack):
     """
 
     name = "autoattack"
-    capabilities = Capabilities(supports_autocast=True)  # no effort option: upstream's budget is fixed
+    capabilities = Capabilities(supports_autocast=True, returns_failed_input=True)  # upstream's budget is fixed
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", version: Literal["standard", "rand"] = "standard",
                  draws: int | None = None) -> None:

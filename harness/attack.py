@@ -44,7 +44,9 @@ class Capabilities:
     """What an attack can do; read by the resolver (``harness.resolve``), the stage and escalation.
 
     ``uses_gradients``: it differentiates the defense, so a gradient mode applies (a transfer
-    attack differentiates only its surrogate: False). ``fixed_grad_mode``: it always runs this mode
+    attack differentiates only its surrogate: False). ``returns_failed_input``: on the samples it does
+    not break it returns the clean input (AutoAttack's convention), so its answer says nothing about how
+    far the loss rose (the loss-flat check skips it). ``fixed_grad_mode``: it always runs this mode
     (``bpda-eot``: ``bpda``); an explicit other mode for it is an error. ``supports_eot``: it averages
     ``target.eot`` draws per gradient (or per query score, for score-based attacks).
     ``stochastic_eot``: its EOT on a stochastic defense when nothing else is set (1 on deterministic
@@ -53,6 +55,7 @@ class Capabilities:
     queries (escalation multiplies it; ``None``: none).
     """
     uses_gradients: bool = True
+    returns_failed_input: bool = False
     fixed_grad_mode: Optional[str] = None
     supports_eot: bool = True
     stochastic_eot: int = 20

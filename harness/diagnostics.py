@@ -195,6 +195,8 @@ def check_gradients(c: _Context) -> Flag | None:
 def check_loss_flat(c: _Context) -> Flag | None:
     if not c.uses_gradients or c.defense.stochastic:  # on stochastic defenses eot-disagree covers failed progress
         return None
+    if c.o.attack.capabilities.returns_failed_input:  # its answer on a failed sample is the clean input itself
+        return None
     x, y, xa = c.probe(NOISE_SAMPLES)
     if x.shape[0] < 2:
         return None

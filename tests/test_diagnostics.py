@@ -41,6 +41,15 @@ def test_silent_on_plain_cnn(eps):
     assert flags == []
 
 
+def test_apgd_failures_are_not_read_as_a_flat_loss():
+    """Upstream APGD returns the clean input for the samples it does not break: the loss there equals the clean
+    loss, which says nothing about the attack's progress, so loss-flat must not fire (it did, on every APGD run)."""
+    outcome, flags = stage(make("plain"), AttackSpec("apgd-ce", "apgd-ce", {"steps": 20}), eps=0.03)
+    failed = outcome.robust_after[outcome.robust_before]
+    assert failed.any() and torch.equal(outcome.x_adv[failed], outcome.x[failed])  # the convention, seen here
+    assert "loss-flat" not in codes(flags)
+
+
 def test_silent_on_plain_cnn_for_blackbox_and_noise_checks():
     first, _ = stage(make("plain"), PGD, eps=0.03)
     _, flags = stage(make("plain"), AttackSpec("transfer", "transfer", {"steps": 20}), eps=0.03, stage_no=2,
