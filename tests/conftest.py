@@ -100,3 +100,16 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(autouse=True)
+def _harness_logger_restored():
+    """The CLI configures the ``harness`` logger (level, handler, propagation) for the process; give every test
+    the state it found, so log lines of one test's CLI call do not leak into another test's captured stderr."""
+    import logging
+    logger = logging.getLogger("harness")
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    yield
+    logger.setLevel(saved[0])
+    logger.handlers[:] = saved[1]
+    logger.propagate = saved[2]
