@@ -98,9 +98,9 @@ def certified_text(run_dirs: Sequence[Path], fmt: str = "markdown", *, radii: Se
 
 
 def _html(text: str, table: list, radii: Sequence[float]) -> str:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    import io
+
+    from .plots import _png
 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
@@ -113,10 +113,7 @@ def _html(text: str, table: list, radii: Sequence[float]) -> str:
     ax.set_xlabel("ℓ2 radius r")
     ax.set_ylabel("certified accuracy (%)")
     ax.legend()
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
-    img = base64.b64encode(buf.getvalue()).decode("ascii")
+    img = base64.b64encode(_png(fig)).decode("ascii")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>certified accuracy</title></head><body>"
             f"<pre>{html.escape(text)}</pre><figure><img alt='certified accuracy curve' "
             f"src='data:image/png;base64,{img}'><figcaption>Certified accuracy against radius, with 95% intervals "

@@ -113,3 +113,12 @@ def _harness_logger_restored():
     logger.setLevel(saved[0])
     logger.handlers[:] = saved[1]
     logger.propagate = saved[2]
+
+
+@pytest.fixture
+def train_root(tmp_path: Path) -> Path:
+    """A data root holding a 40-image synthetic ``cifar10_train.npz`` (labels 0..9 in turn) for training recipes."""
+    root = tmp_path / "data"
+    root.mkdir()
+    np.savez(root / "cifar10_train.npz", x=synthetic_images(40, seed=1), y=np.arange(40, dtype=np.int64) % 10)
+    return root

@@ -128,14 +128,6 @@ def test_harness_run(grad, sampler, tiny_data_root, tmp_path, capsys):
     assert (pgd["purifier_backward"] > 0).all() if grad == "full" else (pgd["purifier_backward"] == 0).all()
 
 
-@pytest.fixture
-def train_root(tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    root.mkdir()
-    np.savez(root / "cifar10_train.npz", x=synthetic_images(24, seed=1), y=np.arange(24, dtype=np.int64) % 10)
-    return root
-
-
 def _train(root: Path, out: Path, *extra: str) -> int:
     return main(["train", "ddpm", *TINY_ARGS, "--train-limit", "16", "--batch-size", "8", "--epochs", "2",
                  "--t-max", "20", "--data-root", str(root), "--out", str(out), "--log-every", "1",

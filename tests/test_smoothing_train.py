@@ -10,17 +10,8 @@ import pytest
 import torch
 
 import defenses.smoothing_train as smoothing_train
-from conftest import synthetic_images
 from harness.cli import main
 from harness.defense import create_defense
-
-
-@pytest.fixture
-def train_root(tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    root.mkdir()
-    np.savez(root / "cifar10_train.npz", x=synthetic_images(40, seed=1), y=np.arange(40, dtype=np.int64) % 10)
-    return root
 
 
 def _train(root: Path, out: Path, *extra: str) -> int:

@@ -13,18 +13,9 @@ import pytest
 import torch
 
 import defenses.adv_train as adv_train
-from conftest import synthetic_images
 from defenses.small_cnn import build_small_cnn, load_small_cnn
 from harness.cli import main
 from harness.training import RECIPES, Recipe, Trainer, get_recipe, recipe_names
-
-
-@pytest.fixture
-def train_root(tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    root.mkdir()
-    np.savez(root / "cifar10_train.npz", x=synthetic_images(40, seed=1), y=np.arange(40, dtype=np.int64) % 10)
-    return root
 
 
 def _train(recipe: str, root: Path, out: Path, *extra: str) -> int:
