@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("diffusers")
 
 import defenses.ddpm_train as ddpm_train  # noqa: E402
-from conftest import TinyCNN, synthetic_images  # noqa: E402
+from conftest import TinyCNN  # noqa: E402
 from defenses.ddpm_train import build_unet, unet_config  # noqa: E402
 from defenses.diffpure import DiffPurePurifier, diffpure_defense, reverse_timesteps  # noqa: E402
 from harness.cli import main  # noqa: E402
