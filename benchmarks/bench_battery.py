@@ -3,7 +3,10 @@
 1. ``standard`` (APGD-CE, APGD-T, FAB-T, Square-5000, cascaded, through ``harness run``) against
    ``pyautoattack.AutoAttack(version="standard")`` called directly;
 2. the harness's PGD with EOT-20 on a stochastic defense against ``torchattacks.EOTPGD`` (same ε, step,
-   steps, draws, no random start), both scored by the harness's evaluation (R draws, all must be correct).
+   steps, draws, no random start), both scored by the harness's evaluation (R draws, all must be correct);
+3. time to the verdict on a masked-gradient defense (4-bit quantization then a 3x3 blur in front of the model),
+   ``standard`` with escalation, with and without skipping the stages whose gradient mode was found dead
+   (``--no-skip-dead-gradients``): wall time of each, and whether the per-sample verdicts agree.
 
 For each pair: wall time and its ratio (harness / library; target ≤ 1.10 for the battery), the per-sample
 robust outcomes, their agreement rate and every disagreement (which side broke the sample, and whether its
@@ -39,13 +42,15 @@ def _load() -> str:
     return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def _report(name: str, t_h: float, t_l: float, rob_h: np.ndarray, rob_l: np.ndarray, idx: list[int], notes: list[str]) -> None:
+def _report(name: str, t_h: float, t_l: float, rob_h: np.ndarray, rob_l: np.ndarray, idx: list[int], notes: list[str],
+            labels: tuple[str, str] = ("harness", "library")) -> None:
+    a, b = labels
     agree = float(np.mean(rob_h == rob_l))
-    print(f"\n== {name} ==\nharness {t_h:.1f} s, library {t_l:.1f} s, ratio {t_h / t_l:.3f} ({_load()})")
-    print(f"robust: harness {int(rob_h.sum())}/{len(rob_h)}, library {int(rob_l.sum())}/{len(rob_l)}; "
+    print(f"\n== {name} ==\n{a} {t_h:.1f} s, {b} {t_l:.1f} s, ratio {t_h / t_l:.3f} ({_load()})")
+    print(f"robust: {a} {int(rob_h.sum())}/{len(rob_h)}, {b} {int(rob_l.sum())}/{len(rob_l)}; "
           f"per-sample agreement {100 * agree:.1f}%")
     for i in np.flatnonzero(rob_h != rob_l):
-        who = "library broke it, harness did not" if rob_h[i] else "harness broke it, library did not"
+        who = f"{b} broke it, {a} did not" if rob_h[i] else f"{a} broke it, {b} did not"
         print(f"  sample {idx[i]}: {who}{notes[i] if notes else ''}")
 
 
@@ -93,6 +98,35 @@ def eot(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[in
             f"ε = {args.eps:.5f}, robust = correct in all of 10 draws", t_h, t_l, robust[0], robust[1], idx, [])
 
 
+def dead(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> None:
+    from torch import nn
+    from defenses.bit_depth import BitDepthReduction
+    from harness.defense import Defense
+
+    base = create_defense(args.defense)
+    blur = nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
+    defense = Defense(base.classifier, nn.Sequential(BitDepthReduction(4), blur), num_classes=10,
+                      name=f"{args.defense}+quantize-blur").eval()
+    times, robust = [], []
+    with tempfile.TemporaryDirectory() as out:
+        for skip in (False, True):
+            cfg = RunConfig(defense=defense.name, data_root=args.data_root, n=args.n_dead, seed=args.seed,
+                            attacks="standard", eps=args.eps, device="cpu", out=out, quiet=True,
+                            batch_size=args.batch_size, shard_size=max(args.n_dead, 1), skip_dead_gradients=skip,
+                            run_id=f"skip-{skip}")
+            t0 = time.perf_counter()
+            run_dir = runner.run(cfg, defense=defense)
+            times.append(time.perf_counter() - t0)
+            records = load_records(run_dir)
+            wc = worst_case(records, "all")
+            robust.append(wc.worst.astype(bool))
+            stages = records.drop_duplicates("stage").sort_values("stage")
+            print(f"  {'skipping' if skip else 'every stage'}: " + ", ".join(
+                f"{a}{' (skipped)' if sk else ''}" for a, sk in zip(stages.attack, stages.skipped)))
+    _report(f"time to the verdict on {defense.name} (standard + escalation, n = {args.n_dead})", times[0], times[1],
+            robust[0], robust[1], list(wc.index), [], labels=("every stage", "dead stages skipped"))
+
+
 def _noisy(args: argparse.Namespace):
     from defenses.gaussian_noise import GaussianNoise
     from harness.defense import Defense
@@ -111,7 +145,8 @@ def main() -> None:
     p.add_argument("--noise", type=float, default=0.03, help="σ of the stochastic defense of the EOT comparison")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--only", choices=("battery", "eot"), help="run one comparison")
+    p.add_argument("--n-dead", type=int, default=32, help="test images of the dead-gradient comparison [32]")
+    p.add_argument("--only", choices=("battery", "eot", "dead"), help="run one comparison")
     p.add_argument("--data-root", default=os.environ.get("HARNESS_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data")))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -123,6 +158,8 @@ def main() -> None:
         battery(args, x, y, idx)
     if args.only in (None, "eot"):
         eot(args, x, y, idx)
+    if args.only in (None, "dead"):
+        dead(args, x, y, idx)
 
 
 if __name__ == "__main__":

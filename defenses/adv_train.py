@@ -127,11 +127,7 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
     a3 = A3Config(tau=args.a3_tau, max_log_ratio=args.a3_max_log_ratio, rank_weight=args.rank_weight,
                   rank_margin=args.rank_margin, con_weight=args.con_weight,
                   con_temperature=args.con_temperature) if recipe == "a3" else None
-    images, labels = load_cifar10_train(args.data_root, download=args.download)
-    if args.train_limit is not None:
-        if args.train_limit < 1:
-            raise UsageError(f"--train-limit must be a positive number of images, got {args.train_limit}")
-        images, labels = images[:args.train_limit], labels[:args.train_limit]
+    images, labels = load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
     n = int(images.shape[0])
     batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
     total = batches.total_steps

@@ -136,9 +136,7 @@ def train(args: argparse.Namespace) -> dict:
         raise UsageError(f"need --lr > 0 and --warmup >= 0; got --lr {args.lr}, --warmup {args.warmup}")
     arch = unet_config(args.channels, args.layers_per_block, args.norm_groups, not args.no_mid_attention)
     device, out, state_path = recipe_paths(args)
-    images, _ = load_cifar10_train(args.data_root, download=args.download)
-    if args.train_limit is not None:
-        images = images[:args.train_limit]
+    images, _ = load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
     n = int(images.shape[0])
     batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
     total = batches.total_steps

@@ -86,9 +86,7 @@ def train(args: argparse.Namespace) -> dict:
     if args.out is None:
         args.out = str(smoothing_weights(args.objective, args.sigma))
     device, out, state_path = recipe_paths(args)
-    images, labels = load_cifar10_train(args.data_root, download=args.download)
-    if args.train_limit is not None:
-        images, labels = images[:args.train_limit], labels[:args.train_limit]
+    images, labels = load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
     n = int(images.shape[0])
     batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
     total = batches.total_steps

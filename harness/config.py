@@ -26,7 +26,10 @@ from harness.schema import NO_RULE, Rule, problem
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "batch_size", "quiet", "out", "run_id", "data_root", "download", "escalations")
-LATER_FIELDS = ("until", "against")
+# fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
+# otherwise, so older run ids stay valid
+LATER_FIELDS: dict[str, Any] = {"until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
+                                "compile": False}
 
 
 @dataclass
@@ -49,11 +52,15 @@ class RunConfig:
     attack_opts: dict[str, Any] = field(default_factory=dict)
     battery: list[dict[str, Any]] = field(default_factory=list)
     escalate: bool = True
+    # skip later battery stages whose gradient mode a diagnostic found dead (harness.diagnostics.dead_gradient)
+    skip_dead_gradients: bool = True
     escalations: list[dict[str, Any]] = field(default_factory=list)
     shard_size: int = 256
     batch_size: int = 256
     device: str = "auto"
     autocast: str = "none"
+    channels_last: bool = False  # networks and inputs in channels-last memory format (harness.acceleration)
+    compile: bool = False  # the defense's networks behind torch.compile (harness.acceleration)
     save_adversarials: bool = False
     out: str = "runs"
     run_id: str | None = None
@@ -72,8 +79,7 @@ class RunConfig:
         return {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
 
     def fingerprint(self) -> str:
-        # fields added after format version 1 enter the hash only when set, so older run ids stay valid
-        values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v is None)}
+        values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         blob = json.dumps(values, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
@@ -92,7 +98,8 @@ RULES: dict[str, Rule] = {
     "autocast": Rule(choices=("none", "bf16")),
 }
 # command-line flags whose name is not --<key with dashes>
-FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate"}
+FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate",
+         "skip_dead_gradients": "--no-skip-dead-gradients"}
 
 
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:

@@ -17,7 +17,9 @@ The cascade keeps attacking a sample while any draw is still correct (:func:`sti
 so it drops a sample only once it scores 0 under every criterion, and the worst case is exact for
 all three criteria. Records in which a sample was skipped while its worst case so far was above 0
 (e.g. from a cascade that dropped samples by majority) give only an upper bound under that
-criterion; :class:`WorstCase` says so per column. The cascade tables, the stochastic section,
+criterion; :class:`WorstCase` says so per column. A stage recorded as ``skipped`` (its gradient mode
+was found dead on that shard, :func:`harness.diagnostics.dead_gradient`) is not such a gap: it is
+reported by its own flag, ``stage-skipped``. The cascade tables, the stochastic section,
 the JSON report, ``harness compare`` and the subset analysis all read scores from here.
 """
 from __future__ import annotations
@@ -165,14 +167,17 @@ def _one_seed(records: pd.DataFrame, crit: Criterion) -> WorstCase:
                  else np.ones(len(records), dtype=bool))
     alone = np.zeros((len(index), len(pairs)))  # a missing row scores 0: not robust
     tried = np.ones((len(index), len(pairs)), dtype=bool)
+    skipped = np.zeros((len(index), len(pairs)), dtype=bool)
     alone[rows, cols] = np.where(attempted | stage0, row_scores(records, crit), 0.0)
     tried[rows, cols] = attempted | stage0
+    if "skipped" in records.columns:
+        skipped[rows, cols] = records["skipped"].fillna("").astype(str).to_numpy() != ""
     cumulative = np.empty_like(alone)
     upper = np.zeros(len(pairs), dtype=bool)
     worst = alone[:, 0].copy()
     cumulative[:, 0] = worst
     for j in range(1, len(pairs)):
-        upper[j] = upper[j - 1] or bool(np.any(~tried[:, j] & (worst > 0)))
+        upper[j] = upper[j - 1] or bool(np.any(~tried[:, j] & ~skipped[:, j] & (worst > 0)))
         worst = np.where(tried[:, j], np.minimum(worst, alone[:, j]), worst)
         cumulative[:, j] = worst
     return WorstCase(crit, index, tuple(name for _, name in pairs), alone, cumulative, upper)

@@ -13,7 +13,8 @@ purifier (the gradient mode), so every attack works on every defense:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +47,21 @@ def _hookable(module: nn.Module) -> nn.Module:
     return _Scripted(module) if isinstance(module, torch.jit.ScriptModule) else module
 
 
+@dataclass(frozen=True)
+class DataUse:
+    """Samples of a dataset split that went into building a defense beyond its training (a calibration set): the
+    harness refuses to evaluate the defense on any of them (``harness.runner.prepare``)."""
+    dataset: str
+    split: str  # "train" or "test"
+    indices: tuple[int, ...]
+
+    def overlap(self, dataset: str, split: str, evaluated: Sequence[int]) -> list[int]:
+        """The evaluated indices of ``dataset``/``split`` this set also holds, ascending."""
+        if (dataset, split) != (self.dataset, self.split):
+            return []
+        return sorted(set(self.indices) & {int(i) for i in evaluated})
+
+
 class Defense(nn.Module):
     """A purifier (or ``None``) followed by a classifier returning logits.
 
@@ -67,6 +83,11 @@ class Defense(nn.Module):
         name: human-readable name recorded in results.
         trained_on: the dataset the classifier was trained on, if known; a run on another
             dataset is warned about (a matching class count is all the harness can check otherwise).
+        provenance: optional plain (JSON-serialisable) data describing how the defense was built
+            beyond its weights, e.g. a mask computed from calibration data: its hash, size and the
+            calibration set; recorded under ``defense.provenance`` in the run's provenance.
+        fitted_on: the samples of a dataset split used to build the defense (e.g. a calibration set,
+            :class:`DataUse`); a run that evaluates any of them is refused.
     """
 
     def __init__(self, classifier: nn.Module, purifier: nn.Module | None = None, *, num_classes: int = 10,
@@ -74,7 +95,8 @@ class Defense(nn.Module):
                  surrogate: Callable[[Tensor], Tensor] | None = None,
                  auxiliary: Callable[[Tensor], dict[str, Tensor]] | None = None,
                  purifier_networks: Sequence[nn.Module] | None = None, name: str = "defense",
-                 trained_on: str | None = None) -> None:
+                 trained_on: str | None = None, provenance: Mapping[str, Any] | None = None,
+                 fitted_on: DataUse | None = None) -> None:
         super().__init__()
         if not isinstance(classifier, nn.Module):
             raise TypeError(f"classifier must be a torch.nn.Module returning logits, got {type(classifier).__name__}")
@@ -98,6 +120,12 @@ class Defense(nn.Module):
         self._purifier_networks = None if purifier_networks is None else list(purifier_networks)
         self.name = name
         self.trained_on = trained_on
+        if provenance is not None and not isinstance(provenance, Mapping):
+            raise TypeError(f"provenance must be a mapping of plain data, got {type(provenance).__name__}")
+        self.provenance: dict[str, Any] = dict(provenance or {})
+        if fitted_on is not None and not isinstance(fitted_on, DataUse):
+            raise TypeError(f"fitted_on must be a harness.defense.DataUse, got {type(fitted_on).__name__}")
+        self.fitted_on = fitted_on
 
     def networks(self) -> list[tuple[str, nn.Module]]:
         """``(role, module)`` pairs whose passes the harness counts: the classifier, then the purifier's
@@ -159,12 +187,13 @@ class Defense(nn.Module):
         return self.surrogate is not None or callable(getattr(self.purifier, "forward_surrogate", None))
 
     def describe(self) -> dict[str, Any]:
-        """Plain-data description recorded in run provenance."""
+        """Plain-data description recorded in run provenance (with ``provenance`` when the defense gave one)."""
+        extra = {"provenance": self.provenance} if self.provenance else {}
         return {"name": self.name, "num_classes": self.num_classes, "bounds": list(self.bounds),
                 "stochastic": self.stochastic, "purifier": type(self.purifier).__name__ if self.purifier is not None else None,
                 "classifier": type(self.classifier).__name__, "has_surrogate": self.has_surrogate,
                 "purifier_networks": [type(m).__name__ for role, m in self.networks() if role == "purifier"],
-                "trained_on": self.trained_on}
+                "trained_on": self.trained_on, **extra}
 
 
 def _validate_defense(obj: Any, spec: str) -> Defense:

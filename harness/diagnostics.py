@@ -45,6 +45,8 @@ FALLING_WINDOW = 0.1  # last share of the accuracy trace inspected
 FALLING_MIN_DROP = 0.01  # accuracy drop (fraction of attempted samples) that counts as "still falling"
 MASKING_MAX_ACC = 0.1  # an unbounded attack leaving more than this robust is masked
 ZERO_GRAD_SHARE = 0.1
+DEAD_PROBE = 64  # failed samples on which a gradient mode must carry no signal before later stages skip it
+DEAD_CODES = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD})
 LOSS_FLAT_SHARE = 0.5
 EOT_MIN_COSINE = 0.5
 SANITY_STEPS = 20
@@ -83,6 +85,33 @@ def after_stage(outcome: Any) -> list[Flag]:
                 flag.escalate = escalation.buildable(specs, outcome.attack.eps, outcome.attack.norm)
                 flags.append(flag)
     return flags
+
+
+def dead_gradient(outcome: Any, flags: list[Flag]) -> str | None:
+    """Why later stages in this stage's gradient mode would be wasted, or None.
+
+    Only when the stage raised ``zero-grad`` or ``nonfinite-grad`` and, on every one of up to
+    :data:`DEAD_PROBE` samples it failed on, the input gradients of both the cross-entropy and the margin
+    loss are all zero or non-finite: a gradient attack in that mode has nothing to follow there (its random
+    start aside), and the flag's escalation (BPDA, a surrogate, gradient-free attacks) is what can
+    still break them. A mode with signal on any probed sample is never called dead. Deterministic given
+    the outcome, like :func:`after_stage`."""
+    from harness.seeding import seeded
+
+    if not any(f.code in DEAD_CODES for f in flags):
+        return None
+    c = _Context(outcome)
+    _, y, xa = c.probe(DEAD_PROBE)
+    if xa.shape[0] == 0:
+        return None
+    with seeded((int(outcome.seed) + SEED_OFFSET + 1) & 0x7FFFFFFFFFFFFFFF, xa.device):
+        for loss in (cross_entropy, margin):
+            _, grad, _ = c.target(1).value_and_grad(xa, y, loss)
+            health = gradient_health(grad)
+            if health["zero_frac"] + health["nonfinite_frac"] < 1.0:
+                return None
+    return (f"{c.grad_mode}-mode input gradients were zero or non-finite on all {xa.shape[0]} probed samples that "
+            f"survived {c.name}")
 
 
 class _Context:

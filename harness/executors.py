@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 import numpy as np
 
 from harness import fingerprint
+from harness.acceleration import accelerate
 from harness.config import RunConfig
 from harness.data import load_test_set, resolve_root
 from harness.defense import create_defense
@@ -248,5 +249,6 @@ def _build(cfg: RunConfig, run_dir: str) -> tuple[Any, Any, Any]:
         gpus = ray.get_gpu_ids()
         device = resolve_device(("cuda" if cfg.device.startswith("cuda") else cfg.device) if gpus else "cpu")
         _BUILT.clear()
-        _BUILT[key] = (defense.to(device).eval(), data, device)
+        defense = accelerate(defense.to(device).eval(), channels_last=cfg.channels_last, compile=cfg.compile)
+        _BUILT[key] = (defense, data, device)
     return _BUILT[key]

@@ -27,6 +27,7 @@ class FlagCode(str, Enum):
     NON_FINITE_LOGITS = "non-finite-logits"
     THREAT_MODEL_VIOLATION = "threat-model-violation"
     UPPER_BOUND = "upper-bound"  # reports: a cascade skipped a sample that still had correct draws
+    STAGE_SKIPPED = "stage-skipped"  # reports: a stage was not run on some shards, its gradient mode found dead
 
     def __str__(self) -> str:
         return self.value

@@ -17,10 +17,11 @@ import pandas as pd
 import torch
 
 from harness import checks, diagnostics
+from harness.acceleration import accelerate, as_input
 from harness.presets import AttackSpec, default_preset, resolve_battery
 from harness.flags import FlagCode
 from harness.resolve import check_battery, describe
-from harness.stage import StageOutcome, clean_stage, run_stage
+from harness.stage import StageOutcome, clean_stage, run_stage, skipped_stage, uses_dead_gradient
 from harness.config import RunConfig, check_values, config_warnings
 from harness.criteria import attackable_rows
 from harness.data import TestSet, load_test_set, select_indices
@@ -61,6 +62,12 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
     for warning in config_warnings(cfg, defense.trained_on):
         log.warning(warning)
     indices = select_indices(len(data), cfg.n, cfg.seed)
+    shared = defense.fitted_on.overlap(cfg.dataset, "test", indices) if defense.fitted_on is not None else []
+    if shared:
+        example = ", ".join(map(str, shared[:3])) + (", ..." if len(shared) > 3 else "")
+        raise UsageError(f"defense {cfg.defense!r} was built from {len(shared)} of the test samples this run would "
+                         f"evaluate (e.g. indices {example}): its numbers would be measured on its own calibration "
+                         "data; build it from the training split, or evaluate other samples (--n, --seed)")
     if cfg.until is not None or cfg.against is not None:
         StopRule.parse(cfg.until or "", cfg.against)  # a bad rule fails before any work
         indices = sequence_order(indices, cfg.seed)
@@ -95,7 +102,7 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
     nothing else and writes nothing."""
     cfg, defense, data, indices = prepare(cfg, defense)
     device = resolve_device(cfg.device)
-    defense = defense.to(device).eval()
+    defense = accelerate(defense.to(device).eval(), channels_last=cfg.channels_last, compile=cfg.compile)
     checks.first_batch(defense, data.get(indices[:cfg.batch_size], device)[0], seed=cfg.seed)
     return estimate(cfg, defense, data, indices, device, samples=samples)
 
@@ -129,7 +136,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     plan = Plan.split(indices, cfg.shard_size)
     selected = np.asarray(indices, dtype=np.int64)
     fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
-    defense = defense.to(device).eval()
+    defense = accelerate(defense.to(device).eval(), channels_last=cfg.channels_last, compile=cfg.compile)
     checks.first_batch(defense, data.get(indices[:cfg.batch_size], device)[0], seed=cfg.seed)  # before any work
     if len(indices) >= LONG_RUN and not cfg.quiet:  # a calibration batch costs < 1% of such a run
         log.info("%s", estimate(cfg, defense, data, indices, device).text())
@@ -339,6 +346,7 @@ class _Context:
         """Compute stages ``specs`` of one shard and write it (caller holds its lock); returns per-stage counts."""
         cfg, summary = self.cfg, []
         x, y = self.data.get(indices, self.device)
+        x = as_input(x, cfg.channels_last)
         frames, side = [], {"stages": [], "attacks": {}, "diagnostics": []}
         adv: dict[str, Any] | None = None
         if prior is None:
@@ -354,15 +362,29 @@ class _Context:
             side = {"stages": names, "attacks": {k: v for k, v in old["attacks"].items() if k in names},
                     "diagnostics": [f for f in old["diagnostics"] if f.get("stage", 0) <= done]}
             frames.append(prior[COLUMNS])
-            last = prior[prior.stage == prior.stage.max()].set_index("index").loc[indices]
+            ran = prior[prior.skipped == ""]  # a skipped stage left every sample's state as it was
+            last = ran[ran.stage == ran.stage.max()].set_index("index").loc[indices]
             robust = torch.tensor(attackable_rows(last), device=self.device)
             adv = self.store.read_adversarials(shard) if cfg.save_adversarials else None
         if cfg.save_adversarials and adv is None:
             adv = {"index": torch.as_tensor(indices), "x_adv": {}}
+        dead: tuple[str, str] | None = None  # (gradient mode, why) once a stage found that mode dead on this shard
         for k, spec in enumerate(specs):
             stage = first_stage + k
             before = robust if not cfg.every_attack else torch.ones_like(robust)
             attack = spec.build(cfg.eps, cfg.norm)
+            if dead is not None and uses_dead_gradient(spec, attack, self.defense, dead[0], grad=cfg.grad, eot=cfg.eot,
+                                                       autocast=cfg.autocast):
+                cols = skipped_stage(spec, attack, self.defense, len(indices), reason=dead[1], grad=cfg.grad,
+                                     eot=cfg.eot, run_seed=cfg.seed, autocast=cfg.autocast)
+                frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
+                side["stages"].append(spec.name)
+                side["attacks"][spec.name] = {"attempted": 0, "robust_after": int(robust.sum()), "skipped": dead[1]}
+                if adv is not None:
+                    adv["x_adv"][spec.name] = x.cpu()
+                self.bar(spec.name).update(len(indices))
+                log.info("shard %d/%d, %s: skipped, %s", shard + 1, self.n_shards, spec.name, dead[1])
+                continue
             self.progress.stage_start(shard=shard, n_shards=self.n_shards, stage=spec.name, attempted=int(before.sum()))
             t0 = time.monotonic()
             outcome, cols, _ = run_stage(stage, spec, attack, self.defense, x, y, before, grad=cfg.grad, eot=cfg.eot,
@@ -374,7 +396,11 @@ class _Context:
             side["stages"].append(spec.name)
             side["attacks"][spec.name] = {"attempted": int(before.sum()), "robust_after": int(outcome.robust_after.sum()),
                                           **{k2: v for k2, v in outcome.result.extras.items() if k2 == "acc_trace"}}
-            side["diagnostics"].extend(_flag_dict(f, outcome) for f in diagnostics.after_stage(outcome))
+            flags = diagnostics.after_stage(outcome)
+            side["diagnostics"].extend(_flag_dict(f, outcome) for f in flags)
+            if dead is None and prior is None and cfg.skip_dead_gradients:  # the configured battery only
+                why = diagnostics.dead_gradient(outcome, flags)
+                dead = None if why is None else (str(outcome.target.grad_mode), why)
             if adv is not None:
                 full = x.clone()
                 full[before] = outcome.x_adv

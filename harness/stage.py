@@ -157,6 +157,7 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
         "nonfinite_query": full(witnesses.has, False, torch.bool).cpu().numpy(),
         **_budget_columns(attack, resolved),
         "seed": int(run_seed),  # the run seed; the stage's own seeds derive from (seed, shard, stage)
+        "skipped": "",
     }
     robust_after = robust_before.clone()
     robust_after[idx] = _robust(ev)
@@ -214,8 +215,30 @@ def clean_stage(defense: Defense, x: Tensor, y: Tensor, *, repeats: int, run_see
             "linf": np.zeros(n), "l2": np.zeros(n), "time_s": np.full(n, (time.perf_counter() - t0) / max(n, 1)),
             **{k: np.full(n, v / max(n, 1)) for k, v in budget.counts().items()},
             "projected": np.zeros(n, bool), "nonfinite_query": np.zeros(n, bool),
-            **_budget_columns(None, None), "seed": int(run_seed)}
+            **_budget_columns(None, None), "seed": int(run_seed), "skipped": ""}
     return cols, ev
+
+
+def uses_dead_gradient(spec: AttackSpec, attack: Attack, defense: Defense, dead_mode: str, *, grad: str | None,
+                       eot: int | None, autocast: str = "none") -> bool:
+    """Whether this stage would follow the gradient mode ``dead_mode`` found dead on its shard
+    (:func:`harness.diagnostics.dead_gradient`); gradient-free attacks never do."""
+    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast)
+    return bool(attack.capabilities.uses_gradients) and resolved.grad_mode == dead_mode
+
+
+def skipped_stage(spec: AttackSpec, attack: Attack, defense: Defense, n: int, *, reason: str, grad: str | None,
+                  eot: int | None, run_seed: int, autocast: str = "none") -> dict[str, Any]:
+    """The record columns of a stage not run on a shard: no sample attempted, ``skipped`` says why, the budget
+    columns say what would have run. The cascade carries every sample's state past it unchanged."""
+    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast)
+    zeros, nan = np.zeros(n), np.full(n, np.nan)
+    return {"attempted": np.zeros(n, bool), "preds": [[] for _ in range(n)], "correct_all": np.zeros(n, bool),
+            "correct_majority": np.zeros(n, bool), "correct_frac": zeros, "finite": np.ones(n, bool),
+            "success": np.zeros(n, bool), "loss": nan, "margin": nan, "linf": nan, "l2": nan, "time_s": zeros,
+            **{k: zeros for k in Budget().counts()}, "projected": np.zeros(n, bool),
+            "nonfinite_query": np.zeros(n, bool), **_budget_columns(attack, resolved), "seed": int(run_seed),
+            "skipped": reason}
 
 
 def _preds_lists(preds: Tensor, idx: Tensor, n: int) -> list[list[int]]:

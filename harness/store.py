@@ -44,7 +44,9 @@ from harness.fingerprint import Fingerprint, git_commit, git_dirty, package_vers
 from harness.flags import check_codes
 from harness.locks import file_lock
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran)
+READABLE_VERSIONS = (1, 2)
 FORMAT_FILE = "format.json"
 FORMAT_NAME = "robustness-harness run"
 
@@ -68,7 +70,7 @@ SCHEMA = pa.schema([
     ("eps", pa.float64()), ("norm", pa.string()), ("iterations", pa.int64()), ("restarts", pa.int64()),
     ("eot", pa.int64()), ("grad_mode", pa.string()), ("queries", pa.int64()), ("noise_samples", pa.int64()),
     ("step_size", pa.float64()), ("schedule", pa.string()), ("loss_fn", pa.string()), ("eot_source", pa.string()), ("grad_source", pa.string()),
-    ("seed", pa.int64()),
+    ("seed", pa.int64()), ("skipped", pa.string()),
 ])
 COLUMNS = SCHEMA.names
 # columns that measure the machine, not the result; they differ between identical runs
@@ -190,6 +192,11 @@ class RunStore:
         forced: list[dict[str, Any]] = []
         if resuming:
             check_format(self.dir, kind)
+            version = _read_json(self.dir / FORMAT_FILE).get("version")
+            if version != FORMAT_VERSION:
+                raise ResumeMismatchError(f"run directory {str(self.dir)!r} was written in run format version {version}; "
+                                          f"this harness writes version {FORMAT_VERSION}, and one run holds one format: "
+                                          "use another --run-id or --out (reports still read it)")
             old = reader(cfg_path)
             if old.result_dict() != cfg.result_dict():
                 diff = sorted(k for k, v in cfg.result_dict().items() if old.result_dict().get(k) != v)
@@ -253,7 +260,7 @@ class RunStore:
         return side
 
     def read_shard(self, shard: int) -> pd.DataFrame:
-        return pq.read_table(self.shard_path(shard)).to_pandas()
+        return _upgrade(pq.read_table(self.shard_path(shard)).to_pandas())
 
     def read_records(self, shards: Iterable[int]) -> pd.DataFrame:
         """The records of the given finished shards, concatenated."""
@@ -304,9 +311,10 @@ def check_format(run_dir: str | Path, kind: RunKind | None = None) -> RunKind:
                              f"{FORMAT_VERSION}); delete it, or rerun into another --run-id or --out")
     data = _read_json(path)
     version = data.get("version") if isinstance(data, dict) else None
-    if version != FORMAT_VERSION:
-        raise RunFormatError(f"{str(path)!r} says run format version {version!r}, but this harness reads version "
-                             f"{FORMAT_VERSION}; read it with the harness version that wrote it, or rerun into another --run-id or --out")
+    if version not in READABLE_VERSIONS:
+        raise RunFormatError(f"{str(path)!r} says run format version {version!r}, but this harness reads versions "
+                             f"{', '.join(map(str, READABLE_VERSIONS))}; read it with the harness version that wrote it, "
+                             "or rerun into another --run-id or --out")
     try:
         found = RunKind(data.get("kind", RunKind.ATTACK.value))
     except ValueError:
@@ -341,8 +349,15 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     paths = sorted(p for p in records.glob("shard-*.parquet") if keep is None or int(p.stem.split("-")[-1]) < keep)
     if not paths:
         raise MissingInputError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
-    df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
+    df = _upgrade(pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True))
     return df.sort_values([c for c in ("index", "stage") if c in df.columns], kind="stable").reset_index(drop=True)
+
+
+def _upgrade(records: pd.DataFrame) -> pd.DataFrame:
+    """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran)."""
+    if "stage" in records.columns:
+        records["skipped"] = records["skipped"].fillna("") if "skipped" in records.columns else ""
+    return records
 
 
 def kept_shards(prov: dict[str, Any]) -> int | None:

@@ -121,10 +121,15 @@ def command_line(args: argparse.Namespace, module: str) -> str:
     return getattr(args, "command_line", None) or " ".join([f"python -m {module}", *sys.argv[1:]])
 
 
-def load_cifar10_train(data_root: str | None, *, download: bool = False) -> tuple[Tensor, Tensor]:
-    """CIFAR-10 training images as uint8 (N, 3, 32, 32) and their labels, from the harness data root."""
+def load_cifar10_train(data_root: str | None, *, download: bool = False,
+                       limit: int | None = None) -> tuple[Tensor, Tensor]:
+    """CIFAR-10 training images as uint8 (N, 3, 32, 32) and their labels, from the harness data root; only the
+    first ``limit`` images when given (a recipe's ``--train-limit``)."""
+    if limit is not None and limit < 1:
+        raise UsageError(f"--train-limit must be a positive number of images, got {limit}")
     data = load_split("cifar10", "train", data_root, download)
-    return torch.from_numpy(data.x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(data.y)
+    images, labels = torch.from_numpy(data.x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(data.y)
+    return (images, labels) if limit is None else (images[:limit], labels[:limit])
 
 
 def step_generator(seed: int, *keys: int) -> torch.Generator:

@@ -71,6 +71,8 @@ def stage_flags(records: pd.DataFrame, diagnostics: list[dict[str, Any]]) -> dic
         f: list[str] = []
         if "finite" in rows.columns and not rows["finite"].astype(bool).all():
             f.append(FlagCode.NON_FINITE_LOGITS.value)
+        if "skipped" in rows.columns and (rows["skipped"].fillna("").astype(str) != "").any():
+            f.append(FlagCode.STAGE_SKIPPED.value)
         flags[attack] = f
     for diag in diagnostics:
         code = str(diag.get("code") or "diagnostic")

@@ -99,7 +99,7 @@ def test_format_version_is_written_and_checked_on_load(tiny_data_root, tmp_path)
     assert fmt["version"] == FORMAT_VERSION
     assert json.loads((run_dir / "provenance.json").read_text())["format_version"] == FORMAT_VERSION
     (run_dir / "format.json").write_text(json.dumps({**fmt, "version": FORMAT_VERSION + 1}))
-    with pytest.raises(RunFormatError, match=rf"format\.json.*version {FORMAT_VERSION + 1}.*version {FORMAT_VERSION}"):
+    with pytest.raises(RunFormatError, match=rf"format\.json.*version {FORMAT_VERSION + 1}.*reads versions 1, {FORMAT_VERSION}"):
         load_records(run_dir)
     from reports import render
     with pytest.raises(RunFormatError, match="format.json"):
@@ -253,10 +253,11 @@ def test_concurrent_identical_commands_share_shards(user_file, tmp_path):
     argv = ["run", "--defense", f"{user_file}:make", "--defense-opt", "delay=0.002", "--data-root", str(tiny_data_root),
             "--out", str(out), "--run-id", "shared", "--n", "24", "--seed", "3", "--attacks", "quick", "--attack-opt",
             "steps=2", "--eps", "0.1", "--shard-size", "4", "--batch-size", "4", "--eot", "1", "--eval-repeats", "1",
-            "--device", "cpu", "--no-escalate"]
+            "--device", "cpu", "--no-escalate", "--no-skip-dead-gradients"]  # every stage logs a robust-after line
     # the single-process reference first (it also imports everything the forked processes use)
     reference = runner.run(_cfg(tiny_data_root, tmp_path / "single", defense=f"{user_file}:make",
-                                defense_opts={"delay": 0.002}, n=24, shard_size=4, batch_size=4, run_id="shared"))
+                                defense_opts={"delay": 0.002}, n=24, shard_size=4, batch_size=4, run_id="shared",
+                                skip_dead_gradients=False))
     logs = [tmp_path / f"process-{i}.log" for i in range(3)]
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_run_in_child, args=(argv, str(log))) for log in logs]

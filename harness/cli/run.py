@@ -41,8 +41,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run every attack on every sample (default: cascade, each attack only on samples still robust)")
     p.add_argument("--no-escalate", dest="escalate", action="store_false", default=None,
                    help="do not add attacks when a diagnostic fires (flags are still reported)")
+    p.add_argument("--no-skip-dead-gradients", dest="skip_dead_gradients", action="store_false", default=None,
+                   help="run every battery stage even after its gradient mode was found dead (zero or non-finite on "
+                        "every probed sample); by default such stages are skipped and recorded as skipped")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N [default: auto]")
     p.add_argument("--autocast", choices=["none", "bf16"], help="bfloat16 autocast during attacks (CUDA or CPU; attacks that do not support it are refused) [default: none]")
+    p.add_argument("--channels-last", action="store_true", default=None,
+                   help="networks and inputs in channels-last memory format (faster convolutions on CUDA)")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="run the defense's networks through torch.compile (CUDA; compile time is paid once per shape)")
     p.add_argument("--batch-size", type=int, help="samples per attack call [default: 256]")
     p.add_argument("--shard-size", type=int, help="samples per stored shard (resume granularity) [default: 256]")
     p.add_argument("--out", help="directory for run directories [default: runs]")
@@ -89,8 +96,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         except ValueError:
             raise UsageError(f"--n must be 'all' or a positive integer, got {args.n!r}") from None
     overrides = {k: getattr(args, k) for k in ("defense", "attacks", "seed", "dataset", "data_root", "download", "eps",
-                                                "norm", "grad", "eot", "eval_repeats", "every_attack", "escalate", "device",
-                                                "autocast", "batch_size", "shard_size", "out", "run_id",
+                                                "norm", "grad", "eot", "eval_repeats", "every_attack", "escalate", "skip_dead_gradients",
+                                                "device",
+                                                "autocast", "channels_last", "compile", "batch_size", "shard_size", "out", "run_id",
                                                 "save_adversarials", "quiet", "until", "against")}
     overrides["n"] = n
     overrides["defense_opts"] = parse_key_values(args.defense_opt, "--defense-opt") or None
