@@ -1,14 +1,17 @@
-# make demo: create .venv if missing, install, evaluate the pyautoattack CIFAR-10 ResNet-18 undefended and
-#            behind bit-depth reduction (BPDA gradients) with the default battery; print the table.
+# make demo: create .venv if missing, install, evaluate the two adversarially trained small CNNs shipped in
+#            defenses/weights (at-small, and a3-small with the A3 module) with APGD-CE + APGD-T on DEMO_N test
+#            images, print their table and paired comparison, then the same for all 10,000 test images from
+#            the shipped per-sample records in results/cifar10-linf.
 # make test: create .venv if missing, run the test suite.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.harness-installed
 # samples per demo run: sized to finish in about 10 minutes on 2 CPU cores (see README)
-DEMO_N ?= 200
+DEMO_N ?= 500
 DEMO_OUT ?= runs
-DEMO_FLAGS ?= --n $(DEMO_N) --seed 0 --attacks standard --out $(DEMO_OUT)
+DEMO_FLAGS ?= --n $(DEMO_N) --seed 0 --attacks apgd-ce,apgd-t --out $(DEMO_OUT)
+SHIPPED := results/cifar10-linf
 # data: $HARNESS_DATA if set, else the offline copy in ../shared/data, else torchvision downloads CIFAR-10
 SHARED_DATA := $(abspath ../shared/data)
 ifeq ($(HARNESS_DATA),)
@@ -31,12 +34,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/harness run --defense none --run-id demo-none $(DEMO_FLAGS)
-	$(BIN)/harness run --defense bit-depth --defense-opt bits=4 --grad bpda --run-id demo-bit-depth $(DEMO_FLAGS)
-	$(BIN)/harness report $(DEMO_OUT)/demo-none $(DEMO_OUT)/demo-bit-depth
+	$(BIN)/harness run --defense at-small --run-id demo-at-small $(DEMO_FLAGS)
+	$(BIN)/harness run --defense a3-small --run-id demo-a3-small $(DEMO_FLAGS)
+	@echo; echo "== $(DEMO_N) test images, measured now =="
+	$(BIN)/harness report $(DEMO_OUT)/demo-at-small $(DEMO_OUT)/demo-a3-small
+	$(BIN)/harness compare $(DEMO_OUT)/demo-at-small $(DEMO_OUT)/demo-a3-small
+	@echo; echo "== all 10,000 test images, from the shipped records in $(SHIPPED) (commands: $(SHIPPED)/README.md) =="
+	$(BIN)/harness report $(SHIPPED)/at-small $(SHIPPED)/a3-small
+	$(BIN)/harness compare $(SHIPPED)/at-small $(SHIPPED)/a3-small
 
 test: $(STAMP)
 	$(BIN)/pytest
 
 clean-demo:
-	rm -rf $(DEMO_OUT)/demo-none $(DEMO_OUT)/demo-bit-depth
+	rm -rf $(DEMO_OUT)/demo-at-small $(DEMO_OUT)/demo-a3-small

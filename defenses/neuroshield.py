@@ -12,9 +12,9 @@ of the activation module: fixed, differentiable, so a white-box attack different
 the state dict, so the run fingerprint covers it). ``control=random`` scales as many randomly chosen neurons
 in each layer instead (seeded): the same intervention without the selection, to tell the two apart.
 
-Calibration data come from the TRAINING split (``calibration=train:N``: N images drawn with ``seed``). The
-harness evaluates test images, and any test index may be evaluated (``--n all``), so a calibration set on the
-test split would overlap the evaluated indices and is refused. The mask is a function of the weights, the
+Calibration data come from the training split by default (``calibration=train:N``: N images drawn with
+``seed``). The defense declares them (``Defense(fitted_on=...)``), so a run that would evaluate any test image
+it was calibrated on (``calibration=test:N``) is refused by the harness. The mask is a function of the weights, the
 options and the calibration images alone (seeded selection, seeded PGD start, the model in eval mode), and is
 recorded with the run's provenance (``Defense(provenance=...)``): its sha256, its size per layer, the chosen
 channels and the calibration set (spec, source and the sha256 of its indices).

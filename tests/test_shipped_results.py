@@ -1,0 +1,72 @@
+"""The per-sample records shipped in results/cifar10-linf (the full-test-set runs of at-small and a3-small, the
+adaptive check on A3 and the stochastic-mask run) load as they are, are complete, and give every number the
+documentation quotes from them."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.store import completeness, load_records
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "results" / "cifar10-linf"
+FULL = ("at-small", "a3-small")
+QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md")
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_full_runs_are_complete_on_all_10000_test_images(name):
+    state = completeness(SHIPPED / name)
+    assert state.complete and state.planned == state.done == 10_000
+    df = load_records(SHIPPED / name)
+    assert sorted(df["index"].unique()) == list(range(10_000))
+    assert [a for _, a in sorted(set(zip(df.stage, df.attack)))][:3] == ["clean", "apgd-ce", "apgd-t"]
+    assert (df[df.stage > 0].eps.round(6) == round(8 / 255, 6)).all()
+
+
+@pytest.mark.parametrize("name", ("a3-small-adaptive", "a3-small-stochastic-eot20"))
+def test_subset_runs_are_complete(name):
+    state = completeness(SHIPPED / name)
+    assert state.complete and state.done == 1_000
+
+
+def test_report_and_compare_read_the_shipped_records(capsys, tmp_path):
+    assert main(["report", *(str(SHIPPED / n) for n in FULL)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| at-small", "| a3-small"))]
+    assert len(rows) == 2 and all("| 10000 |" in r for r in rows)
+    html = tmp_path / "report.html"
+    assert main(["report", *(str(SHIPPED / n) for n in FULL), "--format", "html", "-o", str(html)]) == 0
+    assert "subset" in html.read_text().lower()
+    assert main(["compare", *(str(SHIPPED / n) for n in FULL)]) == 0
+    out = capsys.readouterr().out
+    assert "Budgets matched" in out and "exact McNemar" in out and "512-sample subset" in out
+
+
+def _quoted_blocks() -> list[tuple[str, str, str]]:
+    """(file, command, expected lines) of every block the docs mark ``<!-- shipped: ... -->``."""
+    out = []
+    for name in QUOTING:
+        text = (ROOT / name).read_text()
+        for body in re.findall(r"<!-- shipped: \w+ -->\n```\n(.*?)```", text, flags=re.S):
+            command, *lines = body.splitlines()
+            assert command.startswith("$ harness "), f"{name}: a shipped block starts with its command: {command!r}"
+            out.append((name, command, "\n".join(lines)))
+    return out
+
+
+def test_the_documented_numbers_are_the_records(capsys, monkeypatch):
+    """Every block of shipped output the docs quote is what its command prints now."""
+    blocks = _quoted_blocks()
+    assert {b[0] for b in blocks} == set(QUOTING), "each of these pages quotes shipped output"
+    monkeypatch.chdir(ROOT)
+    for name, command, expected in blocks:
+        argv = shlex.split(command[2:], comments=True)[1:]
+        assert main(argv) == 0, f"{name}: {command}"
+        printed = capsys.readouterr().out
+        for line in expected.splitlines():
+            if line.strip():
+                assert line in printed, f"{name}: `{command}` no longer prints {line!r}"
