@@ -59,6 +59,19 @@ def augment(images: Tensor, gen: torch.Generator) -> Tensor:
     return out
 
 
+def augmented_batch(images: Tensor, labels: Tensor, batches: EpochBatches, seed: int, step: int,
+                    device: torch.device) -> tuple[Tensor, Tensor]:
+    """Step ``step``'s images (cropped and flipped from (seed, step)) and labels on ``device``: the same batch in
+    every recipe with the same seed, so recipes compared with each other see the same data."""
+    idx = batches.indices(step)
+    return augment(images[idx], step_generator(seed, STREAM_AUGMENT, step)).to(device), labels[idx].to(device)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
 def perturb(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, alpha: float, steps: int,
             gen: torch.Generator) -> Tensor:
     """ℓ∞ attack with a uniform random start: ``steps`` signed-gradient steps of size ``alpha`` on the
@@ -150,11 +163,8 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
     trainer.resume(device)
 
     def step(i: int) -> dict[str, float]:
-        idx = batches.indices(i)
-        x = augment(images[idx], step_generator(args.seed, STREAM_AUGMENT, i)).to(device)
-        y = labels[idx].to(device)
-        for group in opt.param_groups:
-            group["lr"] = triangular_lr(i, total, args.lr)
+        x, y = augmented_batch(images, labels, batches, args.seed, i, device)
+        set_lr(opt, triangular_lr(i, total, args.lr))
         mask_gen = step_generator(args.seed, STREAM_MASK, i) if a3 is not None else None
         return training_step(model, opt, x, y, a3=a3, eps=args.eps, alpha=alpha, attack_steps=attack_steps,
                              start_gen=step_generator(args.seed, STREAM_START, i), mask_gen=mask_gen)

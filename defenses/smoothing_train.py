@@ -31,7 +31,7 @@ from harness.errors import UsageError
 from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe, step_generator)
 
-from .adv_train import STREAM_AUGMENT, augment, save_weights, triangular_lr
+from .adv_train import augmented_batch, save_weights, set_lr, triangular_lr
 from .small_cnn import WEIGHTS_DIR, SmallCNN, build_small_cnn, complexity
 
 STREAM_NOISE = 4  # after adv_train's streams (order, augment, start, mask)
@@ -107,11 +107,9 @@ def train(args: argparse.Namespace) -> dict:
     trainer.resume(device)
 
     def step(i: int) -> dict[str, float]:
-        idx = batches.indices(i)
-        x = augment(images[idx], step_generator(args.seed, STREAM_AUGMENT, i)).to(device)
-        for group in opt.param_groups:
-            group["lr"] = triangular_lr(i, total, args.lr)
-        return training_step(model, opt, x, labels[idx].to(device), objective=args.objective, sigma=args.sigma,
+        x, y = augmented_batch(images, labels, batches, args.seed, i, device)
+        set_lr(opt, triangular_lr(i, total, args.lr))
+        return training_step(model, opt, x, y, objective=args.objective, sigma=args.sigma,
                              copies=args.copies, weight=args.consistency_weight, entropy_weight=args.entropy_weight,
                              noise_gen=step_generator(args.seed, STREAM_NOISE, i))
 

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 from harness.errors import UsageError
 from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
-                              register_recipe, step_generator)
+                              register_recipe)
 
-from .adv_train import STREAM_AUGMENT, augment, save_weights
+from .adv_train import augmented_batch, save_weights, set_lr
 from .vit_small import DEFAULT_WEIGHTS, CifarViT, ViTConfig, build_vit, parameter_count
 
 
@@ -82,11 +82,8 @@ def train(args: argparse.Namespace) -> dict:
     trainer.resume(device)
 
     def step(i: int) -> dict[str, float]:
-        idx = batches.indices(i)
-        x = augment(images[idx], step_generator(args.seed, STREAM_AUGMENT, i)).to(device)
-        y = labels[idx].to(device)
-        for group in opt.param_groups:
-            group["lr"] = warmup_cosine_lr(i, total, args.lr, warmup)
+        x, y = augmented_batch(images, labels, batches, args.seed, i, device)
+        set_lr(opt, warmup_cosine_lr(i, total, args.lr, warmup))
         logits = model(x)
         loss = F.cross_entropy(logits, y, label_smoothing=args.label_smoothing)
         opt.zero_grad(set_to_none=True)

@@ -384,6 +384,8 @@ class _Context:
                     adv["x_adv"][spec.name] = x.cpu()
                 self.bar(spec.name).update(len(indices))
                 log.info("shard %d/%d, %s: skipped, %s", shard + 1, self.n_shards, spec.name, dead[1])
+                summary.append(dict(stage=spec.name, attempted=0, robust=int(robust.sum()), seconds=0.0))
+                self.progress.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
                 continue
             self.progress.stage_start(shard=shard, n_shards=self.n_shards, stage=spec.name, attempted=int(before.sum()))
             t0 = time.monotonic()

@@ -175,8 +175,8 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
         raise ValueError("criterion 'mean' gives fractional outcomes; compare with --criterion all or majority")
     cmp = compare_outcomes(xa, xb, confidence=confidence, seed=seed, n_resamples=n_resamples)
     d = cmp.difference
-    lines.append(f"A - B: {100 * d.estimate:+.2f} points, {c} interval [{100 * d.low:+.2f}, {100 * d.high:+.2f}] "
-                 f"({d.method}, {n_resamples:,} resamples, seed {seed})")
+    how = f"{d.method}, {n_resamples:,} resamples, seed {seed}" if "bootstrap" in d.method else d.method  # score: exact
+    lines.append(f"A - B: {100 * d.estimate:+.2f} points, {c} interval [{100 * d.low:+.2f}, {100 * d.high:+.2f}] ({how})")
     if cmp.paired:
         lines.append(f"{cmp.test}: A right & B wrong on {cmp.a_only}, B right & A wrong on {cmp.b_only} samples; "
                      f"p = {cmp.p_value:.3g}")

@@ -253,11 +253,10 @@ def test_concurrent_identical_commands_share_shards(user_file, tmp_path):
     argv = ["run", "--defense", f"{user_file}:make", "--defense-opt", "delay=0.002", "--data-root", str(tiny_data_root),
             "--out", str(out), "--run-id", "shared", "--n", "24", "--seed", "3", "--attacks", "quick", "--attack-opt",
             "steps=2", "--eps", "0.1", "--shard-size", "4", "--batch-size", "4", "--eot", "1", "--eval-repeats", "1",
-            "--device", "cpu", "--no-escalate", "--no-skip-dead-gradients"]  # every stage logs a robust-after line
+            "--device", "cpu", "--no-escalate"]
     # the single-process reference first (it also imports everything the forked processes use)
     reference = runner.run(_cfg(tiny_data_root, tmp_path / "single", defense=f"{user_file}:make",
-                                defense_opts={"delay": 0.002}, n=24, shard_size=4, batch_size=4, run_id="shared",
-                                skip_dead_gradients=False))
+                                defense_opts={"delay": 0.002}, n=24, shard_size=4, batch_size=4, run_id="shared"))
     logs = [tmp_path / f"process-{i}.log" for i in range(3)]
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_run_in_child, args=(argv, str(log))) for log in logs]

@@ -105,8 +105,9 @@ def test_bad_until_is_one_line(args, message, root, tmp_path, capsys):
 
 def test_runs_without_until_keep_their_run_ids_and_sorted_order(root, tmp_path):
     import hashlib
+    from harness.config import LATER_FIELDS
     cfg = _cfg(root, tmp_path, run_id=None)
-    before = {k: v for k, v in cfg.result_dict().items() if k not in ("until", "against")}  # the fields of older versions
+    before = {k: v for k, v in cfg.result_dict().items() if k not in LATER_FIELDS}  # the fields of older versions
     assert cfg.fingerprint() == hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:10]
     assert _cfg(root, tmp_path, run_id=None, until="half-width=0.1").fingerprint() != cfg.fingerprint()
     run_dir = runner.run(_cfg(root, tmp_path, n=32, run_id="plain"), defense=_tiny())
