@@ -1,4 +1,5 @@
-"""Speed options of a run that leave its meaning alone: the channels-last memory format and ``torch.compile``.
+"""Where and how fast a run computes, leaving its meaning alone: the device (:func:`resolve_device`), the
+channels-last memory format and ``torch.compile``.
 
 Both change how the defense's networks compute, not what: on CUDA, channels-last lets convolutions use the
 tensor-core layouts and ``torch.compile`` fuses kernels (bf16 autocast is ``--autocast``, decided per attack in
@@ -13,6 +14,18 @@ import torch
 from torch import Tensor, nn
 
 from harness.defense import Defense
+from harness.errors import SetupError, UsageError
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SetupError(f"--device {name} requested but CUDA is not available; use --device cpu or auto")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise UsageError(f"unknown device {name!r}; accepted: auto, cpu, cuda, cuda:N")
+    return torch.device(name)
 
 
 class _Compiled(nn.Module):

@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
+from harness.acceleration import resolve_device
 from harness import fingerprint
 from harness.config import load_toml
 from harness.data import load_test_set, select_indices
@@ -31,7 +32,8 @@ from harness.errors import ConfigError
 from harness.progress import get_logger, progress_bar
 from harness.seeding import derive_seed
 from harness.smoothing import certify
-from harness.store import Plan, RunKind, RunStore, check_format, completeness, validate_run_id
+from harness.completeness import completeness
+from harness.store import Plan, RunKind, RunStore, check_format, validate_run_id
 
 log = get_logger("certify")
 SEED_NOISE = 7  # seed purpose of the smoothing noise (harness.seeding)
@@ -137,7 +139,6 @@ def _records(defense: Defense, x: torch.Tensor, y: torch.Tensor, indices: list[i
 
 def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_resume: bool = False) -> Path:
     """Certify the ``cfg.n`` selected test samples; returns the run directory (resumes an existing one)."""
-    from harness.runner import resolve_device  # the attack runner owns device resolution
     defense = defense if defense is not None else create_defense(cfg.defense, **cfg.defense_opts)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
     indices = select_indices(len(data), cfg.n, cfg.seed)
@@ -182,7 +183,6 @@ def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_res
 def latency(cfg: CertifyConfig, *, samples: int = 5, warmup: int = 1) -> dict[str, Any]:
     """Seconds per certified sample (CERTIFY with n0 + N draws) by a stated protocol: ``warmup`` samples
     certified and discarded, then ``samples`` timed one by one; nothing is stored."""
-    from harness.runner import resolve_device
     defense = create_defense(cfg.defense, **cfg.defense_opts)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
     device = resolve_device(cfg.device)

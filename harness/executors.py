@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import numpy as np
 
+from harness.acceleration import resolve_device
 from harness import fingerprint
 from harness.acceleration import accelerate
 from harness.config import RunConfig
@@ -232,7 +233,6 @@ def _build(cfg: RunConfig, run_dir: str) -> tuple[Any, Any, Any]:
     harness commit is left out: a commit during a long run (fresh workers check again) must not stop it."""
     import ray
 
-    from harness.runner import resolve_device
     key = json.dumps([cfg.defense, cfg.defense_opts, cfg.dataset, cfg.data_root, cfg.device, run_dir], default=str)
     if key not in _BUILT:
         defense = create_defense(cfg.defense, **cfg.defense_opts)

@@ -97,3 +97,10 @@ class StageLog:
         self.log.info("%s: shard %d/%d, %s: %d attempted, %d robust after (%s); %.0f%% of %d sample-stages, "
                       "elapsed %s, about %s left", self.phase, shard + 1, n_shards, stage, attempted, robust,
                       _duration(seconds), pct, self.total, _duration(elapsed), _duration(left))
+
+
+class NoBar:
+    """Stands in for a progress bar when bars are off (not a terminal, or --quiet)."""
+
+    def update(self, n: int = 1) -> None:
+        pass

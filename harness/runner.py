@@ -17,37 +17,27 @@ import pandas as pd
 import torch
 
 from harness import checks, diagnostics
-from harness.acceleration import accelerate, as_input
+from harness.acceleration import accelerate, as_input, resolve_device
 from harness.presets import AttackSpec, default_preset, resolve_battery
-from harness.flags import FlagCode
 from harness.resolve import check_battery, describe
-from harness.stage import StageOutcome, clean_stage, run_stage, skipped_stage, uses_dead_gradient
+from harness.run_flags import collect_escalations, flag_dict, run_flags
+from harness.stage import clean_stage, run_stage, skipped_stage, uses_dead_gradient
 from harness.config import RunConfig, check_values, config_warnings
 from harness.criteria import attackable_rows
 from harness.data import TestSet, load_test_set, select_indices
 from harness.defense import Defense, create_defense
-from harness.errors import SetupError, UsageError
+from harness.errors import UsageError
 from harness.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.executors import Executor, make_executor
 from harness import fingerprint
-from harness.progress import StageLog, bars_enabled, get_logger, progress_bar
+from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar
 from harness.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
-from harness.store import (COLUMNS, Plan, RunStore, completeness, load_provenance, load_records, make_run_id,
+from harness.completeness import completeness
+from harness.store import (COLUMNS, Plan, RunStore, load_provenance, load_records, make_run_id,
                            validate_run_id)
 
 log = get_logger("runner")
 LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a cost estimate when they start
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SetupError(f"--device {name} requested but CUDA is not available; use --device cpu or auto")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise UsageError(f"unknown device {name!r}; accepted: auto, cpu, cuda, cuda:N")
-    return torch.device(name)
 
 
 def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, Defense, TestSet, list[int]]:
@@ -224,52 +214,6 @@ def sequential_phase(ctx: "_Context", shards: list[list[int]], plan: Plan) -> in
     return k
 
 
-def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec]) -> list[AttackSpec]:
-    """Escalation attacks requested by the stored flags of all shards, deduplicated by name in shard order."""
-    taken = {b.name for b in base}
-    out: list[AttackSpec] = []
-    for s in range(n_shards):
-        for flag in store.read_side(s).get("diagnostics", []):
-            if flag.get("stage", 0) > len(base):
-                continue  # flags raised by escalation stages do not escalate again (no loops)
-            for spec in flag.get("escalate", []):
-                if spec["name"] not in taken:
-                    taken.add(spec["name"])
-                    out.append(AttackSpec.from_dict(spec))
-    return out
-
-
-def run_flags(store: RunStore, n_shards: int, escalations: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run-level flags: per (code, attack) the shard flags merged, with ``escalated`` set when acted upon."""
-    added = {e["name"] for e in escalations}
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for s in range(n_shards):
-        for flag in store.read_side(s).get("diagnostics", []):
-            key = (flag.get("code", ""), flag.get("attack", ""))
-            esc = [e["name"] for e in flag.get("escalate", []) if e["name"] in added]
-            if key not in merged:
-                merged[key] = {"code": key[0], "attack": key[1], "message": flag.get("message", ""),
-                               "remedy": flag.get("remedy", ""), "value": flag.get("value"), "shards": [],
-                               "escalated": []}
-            merged[key]["shards"].append(s)
-            merged[key]["escalated"] = sorted(set(merged[key]["escalated"]) | set(esc))
-    return list(merged.values())
-
-
-def _flag_dict(flag: Any, outcome: StageOutcome) -> dict[str, Any]:
-    """A diagnostics flag (object or mapping) as plain data, with escalation specs as dicts."""
-    get = (lambda k, d=None: flag.get(k, d)) if isinstance(flag, dict) else (lambda k, d=None: getattr(flag, k, d))
-    escalate = []
-    for spec in get("escalate", None) or []:
-        spec = spec.to_dict() if isinstance(spec, AttackSpec) else AttackSpec.from_dict(spec).to_dict()
-        escalate.append(spec)
-    value = get("value")
-    return {"code": FlagCode(get("code")).value, "attack": str(get("attack", outcome.attack_name) or outcome.attack_name),
-            "message": str(get("message", "")), "remedy": str(get("remedy", "")),
-            "value": float(value) if isinstance(value, (int, float, np.floating)) else value,
-            "escalate": escalate, "shard": outcome.shard, "stage": outcome.stage}
-
-
 class _Context:
     """State shared by the shards of one run: defense, data, store and one progress bar per attack."""
 
@@ -282,7 +226,7 @@ class _Context:
 
     def bar(self, name: str) -> Any:
         if not bars_enabled(self.cfg.quiet):
-            return _NoBar()
+            return NoBar()
         if name not in self.bars:
             self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars))
         return self.bars[name]
@@ -399,7 +343,7 @@ class _Context:
             side["attacks"][spec.name] = {"attempted": int(before.sum()), "robust_after": int(outcome.robust_after.sum()),
                                           **{k2: v for k2, v in outcome.result.extras.items() if k2 == "acc_trace"}}
             flags = diagnostics.after_stage(outcome)
-            side["diagnostics"].extend(_flag_dict(f, outcome) for f in flags)
+            side["diagnostics"].extend(flag_dict(f, outcome) for f in flags)
             if dead is None and prior is None and cfg.skip_dead_gradients:  # the configured battery only
                 why = diagnostics.dead_gradient(outcome, flags)
                 dead = None if why is None else (str(outcome.target.grad_mode), why)
@@ -423,10 +367,3 @@ class _Context:
         for key, value in cols.items():
             df[key] = value if not np.isscalar(value) else [value] * n
         return df[COLUMNS]
-
-
-class _NoBar:
-    """Stands in for a progress bar when bars are off (not a terminal, or --quiet)."""
-
-    def update(self, n: int = 1) -> None:
-        pass

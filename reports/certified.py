@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from harness import store
+from harness.completeness import Completeness, require_complete
 from harness.certify import BUDGET_FIELDS, CertifyConfig, load_certify_config
 from harness.paired import compare_outcomes
 from harness.stats import headline_interval
@@ -35,7 +36,7 @@ class CertRun:
     config: CertifyConfig
     records: pd.DataFrame
     provenance: dict[str, Any]
-    completeness: store.Completeness
+    completeness: Completeness
 
     @property
     def label(self) -> str:
@@ -44,7 +45,7 @@ class CertRun:
 
 def load_cert_run(path: str | Path, *, partial: bool = False) -> CertRun:
     path = Path(path)
-    state = store.require_complete(path, partial=partial)
+    state = require_complete(path, partial=partial)
     return CertRun(path, load_certify_config(path), store.load_records(path), store.load_provenance(path), state)
 
 

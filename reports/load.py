@@ -2,7 +2,7 @@
 knows the run-directory format): records, config, provenance, diagnostics and per-shard side data.
 
 An incomplete run (in progress, a shard missing, stopped before its escalation stages) is refused
-unless ``partial=True``; its :class:`~harness.store.Completeness` travels with the data so every
+unless ``partial=True``; its :class:`~harness.Completeness` travels with the data so every
 report format can label it.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from harness import store
+from harness.completeness import Completeness, require_complete
 
 REQUIRED_COLUMNS = ("index", "stage", "attack", "correct_all")
 
@@ -31,7 +32,7 @@ class RunData:
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     # attack name -> per shard (acc_trace among the attempted samples, attempted count, samples in the shard)
     traces: dict[str, list[tuple[list[float], int, int]]] = field(default_factory=dict)
-    completeness: store.Completeness | None = None
+    completeness: Completeness | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -42,10 +43,10 @@ class RunData:
 def load_run(run_dir: str | Path, *, partial: bool = False) -> RunData:
     """Load records, config, diagnostics and per-shard side data of one run.
 
-    Raises :class:`harness.store.IncompleteRunError` for an incomplete run unless ``partial``.
+    Raises :class:`harness.completeness.IncompleteRunError` for an incomplete run unless ``partial``.
     """
     path = Path(run_dir)
-    state = store.require_complete(path, partial=partial)
+    state = require_complete(path, partial=partial)
     records = store.load_records(path)
     missing = [c for c in REQUIRED_COLUMNS if c not in records.columns]
     if missing:

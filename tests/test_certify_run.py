@@ -15,7 +15,8 @@ from harness.cli import main
 from harness.defense import Defense
 from harness.seeding import derive_seed
 from harness.smoothing import certify
-from harness.store import RunFormatError, completeness, load_config, load_records
+from harness.completeness import completeness
+from harness.store import RunFormatError, load_config, load_records
 
 
 def _defense() -> Defense:

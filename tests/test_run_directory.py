@@ -19,8 +19,8 @@ from harness import atomic
 from harness.cli import main
 from harness.config import RunConfig
 from harness.defense import Defense
-from harness.store import (FORMAT_VERSION, IncompleteRunError, ResumeMismatchError, RunFormatError, TIMING_COLUMNS,
-                           completeness, load_records)
+from harness.completeness import IncompleteRunError, completeness
+from harness.store import FORMAT_VERSION, ResumeMismatchError, RunFormatError, TIMING_COLUMNS, load_records
 
 # a self-contained user defense file (no test imports, so subprocesses can load it too); the optional
 # delay makes shards slow enough that concurrent processes overlap

@@ -14,7 +14,8 @@ from harness import runner, stopping
 from harness.cli import main
 from harness.config import RunConfig
 from harness.defense import Defense
-from harness.store import TIMING_COLUMNS, completeness, load_records
+from harness.completeness import completeness
+from harness.store import TIMING_COLUMNS, load_records
 
 N = 400
 

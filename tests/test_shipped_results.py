@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.store import completeness, load_records
+from harness.completeness import completeness
+from harness.store import load_records
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "results" / "cifar10-linf"

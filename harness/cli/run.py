@@ -11,7 +11,7 @@ from harness.config import RunConfig, config_from_mapping, load_toml, merge, par
 from harness.defense import GRAD_MODES
 from harness.errors import UsageError
 from harness.progress import setup_logging
-from harness.store import completeness
+from harness.completeness import completeness
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,59 @@
+"""The diagnostics flags a run stores: each shard's flags as plain data, the escalation attacks they request,
+and the run-level flags merged from all shards (what ``diagnostics.json`` and the report show).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from harness.flags import FlagCode
+from harness.presets import AttackSpec
+from harness.stage import StageOutcome
+from harness.store import RunStore
+
+
+def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec]) -> list[AttackSpec]:
+    """Escalation attacks requested by the stored flags of all shards, deduplicated by name in shard order."""
+    taken = {b.name for b in base}
+    out: list[AttackSpec] = []
+    for s in range(n_shards):
+        for flag in store.read_side(s).get("diagnostics", []):
+            if flag.get("stage", 0) > len(base):
+                continue  # flags raised by escalation stages do not escalate again (no loops)
+            for spec in flag.get("escalate", []):
+                if spec["name"] not in taken:
+                    taken.add(spec["name"])
+                    out.append(AttackSpec.from_dict(spec))
+    return out
+
+
+def run_flags(store: RunStore, n_shards: int, escalations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run-level flags: per (code, attack) the shard flags merged, with ``escalated`` set when acted upon."""
+    added = {e["name"] for e in escalations}
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in range(n_shards):
+        for flag in store.read_side(s).get("diagnostics", []):
+            key = (flag.get("code", ""), flag.get("attack", ""))
+            esc = [e["name"] for e in flag.get("escalate", []) if e["name"] in added]
+            if key not in merged:
+                merged[key] = {"code": key[0], "attack": key[1], "message": flag.get("message", ""),
+                               "remedy": flag.get("remedy", ""), "value": flag.get("value"), "shards": [],
+                               "escalated": []}
+            merged[key]["shards"].append(s)
+            merged[key]["escalated"] = sorted(set(merged[key]["escalated"]) | set(esc))
+    return list(merged.values())
+
+
+def flag_dict(flag: Any, outcome: StageOutcome) -> dict[str, Any]:
+    """A diagnostics flag (object or mapping) as plain data, with escalation specs as dicts."""
+    get = (lambda k, d=None: flag.get(k, d)) if isinstance(flag, dict) else (lambda k, d=None: getattr(flag, k, d))
+    escalate = []
+    for spec in get("escalate", None) or []:
+        spec = spec.to_dict() if isinstance(spec, AttackSpec) else AttackSpec.from_dict(spec).to_dict()
+        escalate.append(spec)
+    value = get("value")
+    return {"code": FlagCode(get("code")).value, "attack": str(get("attack", outcome.attack_name) or outcome.attack_name),
+            "message": str(get("message", "")), "remedy": str(get("remedy", "")),
+            "value": float(value) if isinstance(value, (int, float, np.floating)) else value,
+            "escalate": escalate, "shard": outcome.shard, "stage": outcome.stage}
