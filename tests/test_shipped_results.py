@@ -1,6 +1,6 @@
-"""The per-sample records shipped in results/cifar10-linf (the full-test-set runs of at-small and a3-small, the
-adaptive check on A3 and the stochastic-mask run) load as they are, are complete, and give every number the
-documentation quotes from them."""
+"""The per-sample records shipped in results/ (the full-test-set runs of at-small and a3-small, the adaptive check
+on A3, the stochastic-mask run, the NeuroShield-ViT evaluation, and the randomized-smoothing certifications and
+attacks) load as they are, are complete, and give every number the documentation quotes from them."""
 from __future__ import annotations
 
 import re
@@ -15,8 +15,13 @@ from harness.store import load_records
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "results" / "cifar10-linf"
+SHIPPED_L2 = ROOT / "results" / "cifar10-l2"
 FULL = ("at-small", "a3-small")
-QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md")
+VIT_RUNS = tuple(f"{model}-{attack}" for model in ("vit-small", "neuroshield-vit", "neuroshield-random")
+                 for attack in ("pgd50", "pgd50-eps1")) + ("vit-small-standard", "neuroshield-vit-standard",
+                                                          "neuroshield-vit-transfer", "neuroshield-random-transfer")
+SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoothing-gaussian-s025-pgd20-eot32")
+QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md")
 
 
 @pytest.mark.parametrize("name", FULL)
@@ -33,6 +38,18 @@ def test_full_runs_are_complete_on_all_10000_test_images(name):
 def test_subset_runs_are_complete(name):
     state = completeness(SHIPPED / name)
     assert state.complete and state.done == 1_000
+
+
+@pytest.mark.parametrize("name", VIT_RUNS)
+def test_neuroshield_runs_are_complete_on_1000_images(name):
+    state = completeness(SHIPPED / name)
+    assert state.complete and state.done == 1_000
+
+
+@pytest.mark.parametrize("name", SMOOTHING_RUNS)
+def test_smoothing_runs_are_complete_on_500_images(name):
+    state = completeness(SHIPPED_L2 / name)
+    assert state.complete and state.done == 500
 
 
 def test_report_and_compare_read_the_shipped_records(capsys, tmp_path):
@@ -71,3 +88,17 @@ def test_the_documented_numbers_are_the_records(capsys, monkeypatch):
         for line in expected.splitlines():
             if line.strip():
                 assert line in printed, f"{name}: `{command}` no longer prints {line!r}"
+
+
+@pytest.mark.parametrize("model", ("gaussian",))
+def test_no_sample_certified_at_the_attack_radius_is_broken_by_the_attack(model):
+    """Sanity check of certification against the ℓ2 PGD + EOT attack at ε = 0.5 on the same 500 images: a sample
+    certified (correct) at radius ≥ 0.5 must stay correct under the smoothed prediction (majority of R draws)."""
+    cert = load_records(SHIPPED_L2 / f"smoothing-{model}-s025").set_index("index")
+    attack = load_records(SHIPPED_L2 / f"smoothing-{model}-s025-pgd20-eot32")
+    assert (attack[attack.stage > 0].eps.round(6) == 0.5).all() and set(attack[attack.stage > 0].norm) == {"L2"}
+    robust = attack[attack.attempted].groupby("index").correct_majority.all()
+    assert sorted(robust.index) == sorted(cert.index)
+    certified = (cert.correct & (cert.radius >= 0.5)).reindex(robust.index)
+    assert 0 < certified.sum() <= robust.sum()
+    assert not (certified & ~robust).any()
