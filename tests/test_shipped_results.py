@@ -18,8 +18,8 @@ SHIPPED = ROOT / "results" / "cifar10-linf"
 SHIPPED_L2 = ROOT / "results" / "cifar10-l2"
 FULL = ("at-small", "a3-small")
 VIT_RUNS = tuple(f"{model}-{attack}" for model in ("vit-small", "neuroshield-vit", "neuroshield-random")
-                 for attack in ("pgd50", "pgd50-eps1")) + ("vit-small-standard", "neuroshield-vit-standard",
-                                                          "neuroshield-vit-transfer", "neuroshield-random-transfer")
+                 for attack in ("pgd50", "pgd50-eps1", "standard")) + ("neuroshield-vit-transfer",
+                                                                          "neuroshield-random-transfer")
 SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoothing-gaussian-s025-pgd20-eot32")
 QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md")
 
