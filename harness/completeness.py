@@ -1,7 +1,7 @@
 """How much of a run's plan its directory holds: planned vs stored samples, missing shards, whether it finished.
 
 Reports refuse incomplete runs unless asked for a partial view (:func:`require_complete`); resume, the sequential
-rule and the shipped-records test read :func:`completeness` directly.
+rule and the CLI read :func:`completeness` directly.
 """
 from __future__ import annotations
 
