@@ -1,12 +1,15 @@
-"""Peak memory and time of one exact-gradient attack step through AMRM-Pure, for S purification steps,
-with and without checkpointing (``harness.grad.unroll`` methods ``naive``, ``checkpoint``, ``recompute``).
+"""Peak memory and time of one exact-gradient attack step through an iterative purifier (AMRM-Pure, or DiffPure
+with the small DDPM), for S purification steps, with and without checkpointing (``harness.grad.unroll``
+methods ``naive``, ``checkpoint``, ``recompute``).
 
-    .venv/bin/python benchmarks/bench_checkpoint.py                 # S = 5 10 20 50 100, prints one table
+    .venv/bin/python benchmarks/bench_checkpoint.py                 # AMRM-Pure, S = 5 10 20 50 100, one table
     .venv/bin/python benchmarks/bench_checkpoint.py --steps 5 20 --batch 4 --methods naive checkpoint
+    .venv/bin/python benchmarks/bench_checkpoint.py --defense diffpure-ddpm --steps 5 10 20 50
 
 One "attack step" = ``Target(defense, "full").value_and_grad(x, y, ce)`` on a batch of CIFAR-10 test
-images: the S-step purification (each step differentiating the MAE loss with ``create_graph=True``),
-the ResNet-18 and the backward pass through all of it.
+images: the S-step purification (AMRM-Pure: each step differentiating the MAE loss with ``create_graph=True``;
+DiffPure: the diffusion to t* = 100 and S strided DDIM reverse steps of the UNet), the ResNet-18 and the backward
+pass through all of it.
 
 Memory method (CPU has no allocator statistics): every configuration runs in a fresh subprocess;
 after setup and a warm-up (one S=1 step), the process's peak-RSS counter is reset by writing ``5``
@@ -60,12 +63,15 @@ def worker(args: argparse.Namespace) -> dict:
     data = np.load(Path(args.data_root) / "cifar10_test.npz")
     x = torch.from_numpy(data["x"][: args.batch]).permute(0, 3, 1, 2).float() / 255
     y = torch.from_numpy(data["y"][: args.batch])
-    opts = dict(mask_ratio=0.75, masks_per_step=1, method=args.method, mae=args.mae)
-    if args.mae == "random":
-        opts["mae_preset"] = "small"
-    warm = create_defense("amrm-pure-mae", steps=1, **opts).eval()
+    if args.defense == "diffpure-ddpm":
+        opts: dict = dict(grad_method=args.method, weights=args.ddpm)
+    else:
+        opts = dict(mask_ratio=0.75, masks_per_step=1, method=args.method, mae=args.mae)
+        if args.mae == "random":
+            opts["mae_preset"] = "small"
+    warm = create_defense(args.defense, steps=1, **opts).eval()
     Target(warm, "full").value_and_grad(x, y, cross_entropy)
-    defense = create_defense("amrm-pure-mae", steps=args.S, **opts).eval()
+    defense = create_defense(args.defense, steps=args.S, **opts).eval()
     exact = _reset_peak()
     rss0, maxrss0 = _status_kb("VmRSS"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
@@ -109,8 +115,12 @@ def main() -> int:
     p.add_argument("--methods", nargs="+", default=["naive", "checkpoint", "recompute"])
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--defense", choices=["amrm-pure-mae", "diffpure-ddpm"], default="amrm-pure-mae",
+                   help="the purifier whose unrolled gradient is measured [amrm-pure-mae]")
     p.add_argument("--mae", default=str(ROOT / "defenses/amrm_pure/weights/mae_cifar10_small.pt"),
-                   help="MAE weights, or 'random' (same cost)")
+                   help="amrm-pure-mae: MAE weights, or 'random' (same cost)")
+    p.add_argument("--ddpm", default=str(ROOT / "defenses/weights/ddpm_small.pt"),
+                   help="diffpure-ddpm: the denoiser's weights (harness train ddpm)")
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--max-naive-s", type=int, default=None, help="skip naive runs above this S (memory)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -135,7 +145,8 @@ def main() -> int:
             if method == "naive" and args.max_naive_s is not None and S > args.max_naive_s:
                 continue
             cmd = [sys.executable, __file__, "--worker", "--S", str(S), "--method", method, "--batch", str(args.batch),
-                   "--threads", str(args.threads), "--mae", args.mae, "--data-root", args.data_root]
+                   "--threads", str(args.threads), "--defense", args.defense, "--mae", args.mae, "--ddpm", args.ddpm,
+                   "--data-root", args.data_root]
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if out.returncode != 0:
@@ -143,7 +154,7 @@ def main() -> int:
             else:
                 results[(S, method)] = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"S={S:>3} {method:<10} {results[(S, method)]}", file=sys.stderr, flush=True)
-    print(render_table(results, args.steps, args.methods, args.batch, args.threads))
+    print(f"{args.defense}: " + render_table(results, args.steps, args.methods, args.batch, args.threads))
     if args.json:
         args.json.write_text(json.dumps([{"S": k[0], "method": k[1], **v} for k, v in results.items()], indent=2))
     return 0

@@ -39,7 +39,8 @@ from defenses.small_cnn import build_small_cnn, complexity  # noqa: E402
 from harness.data import load_test_set  # noqa: E402
 from harness.defense import Defense  # noqa: E402
 from harness.target import Target  # noqa: E402
-from harness.training import load_average, step_generator  # noqa: E402
+from harness.machine import load_average  # noqa: E402
+from harness.training import step_generator  # noqa: E402
 
 
 def best_of(repeats: int, fn) -> float:

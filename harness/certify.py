@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from harness.config import load_toml
 from harness.data import load_test_set, select_indices
 from harness.defense import Defense, create_defense
 from harness.errors import ConfigError
+from harness.machine import hardware, load_average
 from harness.progress import get_logger, progress_bar
 from harness.seeding import derive_seed
 from harness.smoothing import certify
@@ -102,15 +102,6 @@ def load_certify_config(path: str | Path) -> CertifyConfig:
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}")
     return CertifyConfig(**data)
-
-
-def hardware(device: torch.device) -> dict[str, Any]:
-    """What latency depends on: the processor, torch threads, and the GPU when there is one."""
-    info = {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(), "device": str(device)}
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 def _certify_one(defense: Defense, x: torch.Tensor, cfg: CertifyConfig, index: int) -> tuple[Any, float]:
@@ -189,11 +180,12 @@ def latency(cfg: CertifyConfig, *, samples: int = 5, warmup: int = 1) -> dict[st
     defense = defense.to(device).eval()
     indices = select_indices(len(data), max(cfg.n if isinstance(cfg.n, int) else len(data), samples + warmup), cfg.seed)
     x, _ = data.get(indices[:samples + warmup], device)
+    load_before = load_average()
     for i in range(warmup):
         _certify_one(defense, x[i], cfg, indices[i])
     times = [_certify_one(defense, x[warmup + i], cfg, indices[warmup + i])[1] for i in range(samples)]
     return {"seconds_per_sample": float(np.mean(times)), "min": float(np.min(times)), "max": float(np.max(times)),
             "samples": samples, "warmup": warmup, "n0": cfg.n0, "N": cfg.N, "batch_size": cfg.batch_size,
-            "hardware": hardware(device)}
+            "hardware": hardware(device), "load_average": {"before": load_before, "after": load_average()}}
 
 

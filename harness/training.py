@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import logging
 import math
-import os
 import signal
 import sys
 import threading
@@ -46,6 +45,7 @@ from tqdm.auto import tqdm
 from . import atomic
 from .data import load_split
 from .errors import UsageError
+from .machine import load_average
 from .progress import bars_enabled
 from .registry import Registry, RegistryError
 
@@ -166,14 +166,6 @@ class EpochBatches:
         """The sidecar fields of the schedule, at ``step``."""
         return {"epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
                 "epochs_done": round(step / self.steps_per_epoch, 3), "images": self.n}
-
-
-def load_average() -> float | None:
-    """The 1-minute load average, ``None`` where the OS has none (recorded beside training times)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
 
 
 # -- the loop ---------------------------------------------------------------------------------------

@@ -117,6 +117,15 @@ def test_latency_protocol(tiny_data_root, monkeypatch):
     out = latency(_cfg(tiny_data_root, Path("unused")), samples=2)
     assert out["seconds_per_sample"] > 0 and out["samples"] == 2 and out["warmup"] == 1 and out["N"] == 200
     assert out["hardware"]["device"] == "cpu" and out["hardware"]["threads"] >= 1
+    assert out["hardware"]["cpus"] >= 1 and set(out["load_average"]) == {"before", "after"}
+
+
+def test_processor_name_is_the_cpu_model(tmp_path):
+    from harness.machine import processor_name
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu\n")
+    assert processor_name(info) == "AMD EPYC 7B13"
+    assert processor_name(tmp_path / "absent") != ""  # falls back to the platform module
 
 
 def test_bad_certify_flags_are_one_line(capsys):
