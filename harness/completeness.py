@@ -30,6 +30,7 @@ class Completeness:
     stages: list[str]
     missing_shards: list[int] = field(default_factory=list)
     finished: bool = False
+    kind: RunKind = RunKind.ATTACK
 
     @property
     def complete(self) -> bool:
@@ -41,12 +42,22 @@ class Completeness:
         if self.missing_shards:
             parts.append(f"missing or unfinished shards {_ranges(self.missing_shards)}")
         if not self.finished:
-            parts.append("not finished (in progress, or stopped before its escalation stages and final diagnostics)")
+            parts.append(f"not finished (in progress, or stopped before {_FINISH[self.kind]})")
         return "; ".join(parts)
+
+    @property
+    def command(self) -> str:
+        """The command that made the run, and so finishes it when run again."""
+        return _COMMAND[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
         return {"partial": not self.complete, "n_done": self.done, "n_planned": self.planned,
                 "missing_shards": list(self.missing_shards), "finished": self.finished}
+
+
+# what a run of each kind does after its last shard, and which command resumes it
+_FINISH = {RunKind.ATTACK: "its escalation stages and final diagnostics", RunKind.CERTIFY: "being marked finished"}
+_COMMAND = {RunKind.ATTACK: "harness run", RunKind.CERTIFY: "harness certify"}
 
 
 def _ranges(values: list[int]) -> str:
@@ -62,7 +73,8 @@ def _ranges(values: list[int]) -> str:
 def completeness(run_dir: str | Path) -> Completeness:
     """Compare what a run stores with its plan (provenance indices and shard sizes, config stages)."""
     prov = load_provenance(run_dir)
-    cfg = load_config(run_dir) if check_format(run_dir) is RunKind.ATTACK else None
+    kind = check_format(run_dir)
+    cfg = load_config(run_dir) if kind is RunKind.ATTACK else None
     if "indices" not in prov or "shard_sizes" not in prov:
         raise RunFormatError(f"{str(Path(run_dir) / 'provenance.json')!r} lacks the planned indices and shard sizes")
     plan = Plan(list(prov["indices"]), list(prov["shard_sizes"])[:kept_shards(prov)])
@@ -75,7 +87,7 @@ def completeness(run_dir: str | Path) -> Completeness:
         else:
             missing.append(s)
     return Completeness(run=str(run_dir), planned=len(plan.indices), done=done, stages=expected or [],
-                        missing_shards=missing, finished=bool(prov.get("finished")))
+                        missing_shards=missing, finished=bool(prov.get("finished")), kind=kind)
 
 
 def _shard_complete(store: RunStore, shard: int, indices: list[int], expected: list[str] | None) -> bool:
@@ -98,6 +110,6 @@ def require_complete(run_dir: str | Path, *, partial: bool = False) -> Completen
     state = completeness(run_dir)
     if not state.complete and not partial:
         raise IncompleteRunError(f"run {str(run_dir)!r} is incomplete: {state.describe()}; finish it by running its "
-                                 "`harness run` command again, or see it labelled as partial with "
+                                 f"`{state.command}` command again, or see it labelled as partial with "
                                  "`harness report --partial`")
     return state

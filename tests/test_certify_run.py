@@ -70,6 +70,15 @@ def test_resume_recomputes_only_missing_shards(tiny_data_root, tmp_path, monkeyp
         run_certify(_cfg(tiny_data_root, tmp_path, N=300), defense=_defense())
 
 
+def test_an_incomplete_certification_run_names_the_command_that_finishes_it(tiny_data_root, tmp_path, capsys):
+    run_dir = run_certify(_cfg(tiny_data_root, tmp_path), defense=_defense())
+    (run_dir / "records" / "shard-00001.parquet").unlink()
+    assert main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "4 of 12 samples" not in err and "8 of 12 samples done" in err
+    assert "`harness certify` command" in err and "escalation" not in err
+
+
 def test_report_gives_certified_accuracy_with_intervals(tiny_data_root, tmp_path, capsys):
     run_dir = run_certify(_cfg(tiny_data_root, tmp_path), defense=_defense())
     assert main(["report", str(run_dir), "--radii", "0", "0.1"]) == 0
