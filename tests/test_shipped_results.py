@@ -20,7 +20,8 @@ FULL = ("at-small", "a3-small")
 VIT_RUNS = tuple(f"{model}-{attack}" for model in ("vit-small", "neuroshield-vit", "neuroshield-random")
                  for attack in ("pgd50", "pgd50-eps1", "standard")) + ("neuroshield-vit-transfer",
                                                                           "neuroshield-random-transfer")
-SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoothing-gaussian-s025-pgd20-eot32")
+SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoothing-gaussian-s025-pgd20-eot32",
+                  "smoothing-consistency-s025-pgd20-eot32")
 QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md")
 
 
@@ -90,7 +91,7 @@ def test_the_documented_numbers_are_the_records(capsys, monkeypatch):
                 assert line in printed, f"{name}: `{command}` no longer prints {line!r}"
 
 
-@pytest.mark.parametrize("model", ("gaussian",))
+@pytest.mark.parametrize("model", ("gaussian", "consistency"))
 def test_no_sample_certified_at_the_attack_radius_is_broken_by_the_attack(model):
     """Sanity check of certification against the ℓ2 PGD + EOT attack at ε = 0.5 on the same 500 images: a sample
     certified (correct) at radius ≥ 0.5 must stay correct under the smoothed prediction (majority of R draws)."""
