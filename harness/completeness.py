@@ -42,22 +42,22 @@ class Completeness:
         if self.missing_shards:
             parts.append(f"missing or unfinished shards {_ranges(self.missing_shards)}")
         if not self.finished:
-            parts.append(f"not finished (in progress, or stopped before {_FINISH[self.kind]})")
+            parts.append(f"not finished (in progress, or stopped before {_BY_KIND[self.kind][1]})")
         return "; ".join(parts)
 
     @property
     def command(self) -> str:
         """The command that made the run, and so finishes it when run again."""
-        return _COMMAND[self.kind]
+        return _BY_KIND[self.kind][0]
 
     def to_dict(self) -> dict[str, Any]:
         return {"partial": not self.complete, "n_done": self.done, "n_planned": self.planned,
                 "missing_shards": list(self.missing_shards), "finished": self.finished}
 
 
-# what a run of each kind does after its last shard, and which command resumes it
-_FINISH = {RunKind.ATTACK: "its escalation stages and final diagnostics", RunKind.CERTIFY: "being marked finished"}
-_COMMAND = {RunKind.ATTACK: "harness run", RunKind.CERTIFY: "harness certify"}
+# per kind of run: the command that makes and resumes it, and what it does after its last shard
+_BY_KIND = {RunKind.ATTACK: ("harness run", "its escalation stages and final diagnostics"),
+            RunKind.CERTIFY: ("harness certify", "being marked finished")}
 
 
 def _ranges(values: list[int]) -> str:

@@ -35,22 +35,14 @@ def test_full_runs_are_complete_on_all_10000_test_images(name):
     assert (df[df.stage > 0].eps.round(6) == round(8 / 255, 6)).all()
 
 
-@pytest.mark.parametrize("name", ("a3-small-adaptive", "a3-small-stochastic-eot20"))
-def test_subset_runs_are_complete(name):
-    state = completeness(SHIPPED / name)
-    assert state.complete and state.done == 1_000
+SUBSET_RUNS = ([(SHIPPED / n, 1_000) for n in ("a3-small-adaptive", "a3-small-stochastic-eot20", *VIT_RUNS)]
+               + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS])
 
 
-@pytest.mark.parametrize("name", VIT_RUNS)
-def test_neuroshield_runs_are_complete_on_1000_images(name):
-    state = completeness(SHIPPED / name)
-    assert state.complete and state.done == 1_000
-
-
-@pytest.mark.parametrize("name", SMOOTHING_RUNS)
-def test_smoothing_runs_are_complete_on_500_images(name):
-    state = completeness(SHIPPED_L2 / name)
-    assert state.complete and state.done == 500
+@pytest.mark.parametrize("run_dir,n", SUBSET_RUNS, ids=[d.name for d, _ in SUBSET_RUNS])
+def test_subset_runs_are_complete(run_dir, n):
+    state = completeness(run_dir)
+    assert state.complete and state.done == n
 
 
 def test_report_and_compare_read_the_shipped_records(capsys, tmp_path):
