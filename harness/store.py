@@ -5,9 +5,10 @@ Layout::
     format.json                  {"format": "robustness-harness run", "version": FORMAT_VERSION}; checked on load
     config.toml                  fully resolved RunConfig (battery, escalations)
     provenance.json              planned samples (indices, shard sizes), fingerprint (harness.fingerprint), forced
-                                 resumes, git state, device, seed, ``started``; ``finished`` only once every stage
-                                 of every shard (escalations included) is stored; ``sequential`` where a
-                                 ``--until`` run stopped (the run is its first ``shards`` shards)
+                                 resumes, git state, device, seed, one ``sessions`` entry per start (threads,
+                                 machine, load), ``started``; ``finished`` only once every stage of every shard
+                                 (escalations included) is stored; ``sequential`` where a ``--until`` run
+                                 stopped (the run is its first ``shards`` shards)
     diagnostics.json             run-level diagnostic flags (written when the run finishes)
     records/shard-00000.parquet  one row per (sample, stage), long format (docs/results-format.md)
     records/shard-00000.json     per-shard side data: {"stages": [...], "attacks": {...}, "diagnostics": [...]}
@@ -43,6 +44,7 @@ from harness.errors import MissingInputError, UsageError
 from harness.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
 from harness.flags import check_codes
 from harness.locks import file_lock
+from harness.machine import hardware, load_average
 
 FORMAT_VERSION = 2
 # versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran)
@@ -214,13 +216,20 @@ class RunStore:
         self.records_dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind.value})
         write_config(cfg, cfg_path)
+        commit, dirty = git_commit(), git_dirty()
+        # One entry per start (a resume, or each --shard-slice job): the top-level fields describe the latest
+        # start only, so threads, device or machine that changed between starts stay visible here.
+        session = {"started": _now(), "git_commit": commit, "git_dirty": dirty,
+                   **hardware(torch.device(info.get("device", "cpu"))), "load_average": load_average(),
+                   "shards_stored": len(list(self.records_dir.glob("shard-*.parquet")))}
         self._provenance = {
-            "format_version": FORMAT_VERSION, "run_id": self.dir.name, "git_commit": git_commit(),
-            "git_dirty": git_dirty(), "packages": package_versions(PACKAGES), "python": platform.python_version(),
+            "format_version": FORMAT_VERSION, "run_id": self.dir.name, "git_commit": commit,
+            "git_dirty": dirty, "packages": package_versions(PACKAGES), "python": platform.python_version(),
             "platform": platform.platform(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "threads": torch.get_num_threads(), "seed": cfg.seed, **info, "n_samples": len(plan.indices),
             "indices": plan.indices, "shard_sizes": plan.shard_sizes, "fingerprint": fingerprint.to_dict(),
-            "forced_resumes": forced, "started": prov.get("started") or _now(), "finished": None}
+            "forced_resumes": forced, "sessions": [*prov.get("sessions", []), session],
+            "started": prov.get("started") or _now(), "finished": None}
         _write_json(self.dir / "provenance.json", self._provenance)
         return resuming
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import harness.runner as runner
 from conftest import interrupt_at_shard, TinyCNN, write_model_labelled_npz
@@ -120,6 +121,25 @@ def test_resume_after_editing_the_defense_file_is_refused_then_forced(user_file,
     prov = json.loads((run_dir / "provenance.json").read_text())
     assert len(prov["forced_resumes"]) == 1 and "defense source" in prov["forced_resumes"][0]["changed"][0]
     assert prov["fingerprint"] != prov["forced_resumes"][0]["previous"] and prov["finished"]
+
+
+def test_each_start_of_a_run_is_a_session_in_provenance(tiny_data_root, tmp_path):
+    """A resumed run records every start with its threads: the top-level fields describe only the last one, and
+    threads (and machine) may change between starts while the results stay one experiment."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=32), defense=_tiny())
+        for suffix in (".parquet", ".json"):  # as if the job died before its last shard
+            (run_dir / "records" / f"shard-00001{suffix}").unlink()
+        torch.set_num_threads(2)
+        assert runner.run(_cfg(tiny_data_root, tmp_path, n=32), defense=_tiny()) == run_dir
+    finally:
+        torch.set_num_threads(threads)
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert [(s["threads"], s["shards_stored"]) for s in prov["sessions"]] == [(1, 0), (2, 1)]
+    assert all(s["device"] == "cpu" and s["processor"] and s["started"] for s in prov["sessions"])
+    assert prov["threads"] == 2 and prov["finished"]
 
 
 def test_resume_with_other_weights_is_refused(tiny_data_root, tmp_path):
