@@ -1,6 +1,7 @@
 """The per-sample records shipped in results/ (the full-test-set runs of at-small and a3-small, the adaptive check
-on A3, the stochastic-mask run, the NeuroShield-ViT evaluation, and the randomized-smoothing certifications and
-attacks) load as they are, are complete, and give every number the documentation quotes from them."""
+on A3, the stochastic-mask run, the NeuroShield-ViT evaluation, the randomized-smoothing certifications and
+attacks, and the DiffPure checks) load as they are, are complete, and give every number the documentation quotes
+from them."""
 from __future__ import annotations
 
 import re
@@ -20,9 +21,11 @@ FULL = ("at-small", "a3-small")
 VIT_RUNS = tuple(f"{model}-{attack}" for model in ("vit-small", "neuroshield-vit", "neuroshield-random")
                  for attack in ("pgd50", "pgd50-eps1", "standard")) + ("neuroshield-vit-transfer",
                                                                           "neuroshield-random-transfer")
+DIFFPURE_RUNS = ("diffpure-oblivious", "none-pgd50-n256", "diffpure-full-vs-bpda")
 SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoothing-gaussian-s025-pgd20-eot32",
                   "smoothing-consistency-s025-pgd20-eot32")
-QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md")
+QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md",
+           "docs/diffpure.md")
 
 
 @pytest.mark.parametrize("name", FULL)
@@ -36,7 +39,7 @@ def test_full_runs_are_complete_on_all_10000_test_images(name):
 
 
 SUBSET_RUNS = ([(SHIPPED / n, 1_000) for n in ("a3-small-adaptive", "a3-small-stochastic-eot20", *VIT_RUNS)]
-               + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS])
+               + [(SHIPPED / n, 256) for n in DIFFPURE_RUNS] + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS])
 
 
 @pytest.mark.parametrize("run_dir,n", SUBSET_RUNS, ids=[d.name for d, _ in SUBSET_RUNS])
@@ -95,3 +98,15 @@ def test_no_sample_certified_at_the_attack_radius_is_broken_by_the_attack(model)
     certified = (cert.correct & (cert.radius >= 0.5)).reindex(robust.index)
     assert 0 < certified.sum() <= robust.sum()
     assert not (certified & ~robust).any()
+
+
+def test_the_diffpure_runs_share_their_images_and_the_comparison_differs_only_in_the_gradient_mode():
+    """The exact-versus-BPDA claim rests on equal budgets on the same samples: both attacks ran on every sample with
+    the same iterations, restarts, step size, EOT and ε, and differ in the gradient mode alone."""
+    runs = {n: load_records(SHIPPED / n) for n in DIFFPURE_RUNS}
+    assert len({tuple(sorted(df["index"].unique())) for df in runs.values()}) == 1
+    attacks = runs["diffpure-full-vs-bpda"].query("stage > 0")
+    assert attacks.attempted.all() and attacks.groupby("attack").size().to_dict() == {"pgd-bpda": 256, "pgd-full": 256}
+    assert attacks.groupby("attack").grad_mode.unique().map(list).to_dict() == {"pgd-bpda": ["bpda"], "pgd-full": ["full"]}
+    for column in ("iterations", "restarts", "step_size", "eot", "eps", "norm"):
+        assert attacks[column].nunique() == 1, column
