@@ -226,7 +226,7 @@ class RunStore:
             "format_version": FORMAT_VERSION, "run_id": self.dir.name, "git_commit": commit,
             "git_dirty": dirty, "packages": package_versions(PACKAGES), "python": platform.python_version(),
             "platform": platform.platform(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "threads": torch.get_num_threads(), "seed": cfg.seed, **info, "n_samples": len(plan.indices),
+            "threads": session["threads"], "seed": cfg.seed, **info, "n_samples": len(plan.indices),
             "indices": plan.indices, "shard_sizes": plan.shard_sizes, "fingerprint": fingerprint.to_dict(),
             "forced_resumes": forced, "sessions": [*prov.get("sessions", []), session],
             "started": prov.get("started") or _now(), "finished": None}
