@@ -100,7 +100,7 @@ def finalize(target: Target, x: Tensor, x_adv: Tensor, y: Tensor, *, eps: float,
              extras: dict[str, Any] | None = None) -> AttackResult:
     """Clip ``x_adv`` to the threat model (ball of radius ``eps`` around ``x``, then the input bounds), replace
     non-finite values by ``x``, evaluate once (log-mean-softmax over ``draws`` if stochastic) and report
-    per-sample success (margin > 0, or non-finite logits: never robust), CE loss and margin."""
+    per-sample success (margin >= 0: misclassified or a tied top logit; or non-finite logits: never robust), CE loss and margin."""
     lo, hi = target.bounds
     x_adv = torch.where(torch.isfinite(x_adv), x_adv, x).detach()
     delta = x_adv - x
@@ -113,7 +113,7 @@ def finalize(target: Target, x: Tensor, x_adv: Tensor, y: Tensor, *, eps: float,
     finite = torch.isfinite(logits).all(1)
     m = margin_loss(torch.nan_to_num(logits), y)
     loss = cross_entropy(torch.nan_to_num(logits), y)
-    return AttackResult(x_adv=x_adv, success=(m > 0) | ~finite, loss=loss, margin=m, extras=dict(extras or {}))
+    return AttackResult(x_adv=x_adv, success=(m >= 0) | ~finite, loss=loss, margin=m, extras=dict(extras or {}))
 
 
 def apgd_model(target: Target) -> tuple[ProbeModule, int]:

@@ -98,7 +98,7 @@ class JointRec(Attack):
                 rec, g_rec = self._rec_value_and_grad(target, x_adv, draws)
                 objective = self.alpha * cls - (1 - self.alpha) * rec  # = −J, to be maximized
                 m = margin_loss(logits, y)
-                improved = (m > 0) & (best_margin <= 0) | ((m > 0) == (best_margin > 0)) & (objective > best_obj)
+                improved = (m >= 0) & (best_margin < 0) | ((m >= 0) == (best_margin >= 0)) & (objective > best_obj)
                 improved &= torch.isfinite(objective) | ~torch.isfinite(best_obj)
                 best_x[improved], best_obj[improved], best_margin[improved] = x_adv[improved], objective[improved], m[improved]
                 acc_trace.append((best_margin <= 0).float().mean().item())
@@ -107,5 +107,5 @@ class JointRec(Attack):
                     break
                 grad_j = (1 - self.alpha) * torch.nan_to_num(g_rec) - self.alpha * torch.nan_to_num(g_cls)
                 x_adv = (x + project(x_adv - self.step_size * grad_j.sign() - x, "Linf", self.eps)).clamp(lo, hi).detach()
-        return AttackResult(x_adv=best_x, success=best_margin > 0, loss=best_obj, margin=best_margin,
+        return AttackResult(x_adv=best_x, success=best_margin >= 0, loss=best_obj, margin=best_margin,
                             extras={"acc_trace": acc_trace, "rec_trace": rec_trace})

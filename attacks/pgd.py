@@ -91,7 +91,7 @@ class PGD(Attack):
                 loss, logits = loss.float(), logits.float()  # float32 bookkeeping, also under bfloat16 autocast
                 m = margin_loss(logits, y)
                 # keep the most adversarial point seen: misclassified first, then highest loss
-                improved = (m > 0) & (best_margin <= 0) | ((m > 0) == (best_margin > 0)) & (loss > best_loss)
+                improved = (m >= 0) & (best_margin < 0) | ((m >= 0) == (best_margin >= 0)) & (loss > best_loss)
                 improved &= torch.isfinite(loss) | ~torch.isfinite(best_loss)
                 best_x[improved], best_loss[improved], best_margin[improved] = x_adv[improved], loss[improved], m[improved]
                 acc_trace.append((best_margin <= 0).float().mean().item())
@@ -99,5 +99,5 @@ class PGD(Attack):
                     break
                 step = self._alpha(i) * self._ascent(torch.nan_to_num(grad.float()))
                 x_adv = (x + project(x_adv + step - x, self.norm, self.eps)).clamp(lo, hi).detach()
-        return AttackResult(x_adv=best_x, success=best_margin > 0, loss=best_loss, margin=best_margin,
+        return AttackResult(x_adv=best_x, success=best_margin >= 0, loss=best_loss, margin=best_margin,
                             extras={"acc_trace": acc_trace})

@@ -18,6 +18,7 @@ import math
 import torch
 from torch import Tensor
 
+from harness.evaluation import correct
 from harness.target import Target
 
 from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
@@ -60,7 +61,7 @@ class RayS(Attack):
             z = (x[idx] + r.view(-1, *([1] * (x.dim() - 1))) * s.view_as(x[idx])).clamp(lo, hi)
             logits = target.predict(z, draws)
             used[idx] += 1
-            return (logits.argmax(1) != y[idx]) | ~torch.isfinite(logits).all(1)
+            return ~correct(logits, y[idx])
 
         sign = torch.ones(n, dim, device=x.device)
         radius = torch.full((n,), math.inf, device=x.device)

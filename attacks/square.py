@@ -5,9 +5,12 @@ Upstream Square scores each query with one forward pass; on a randomized defense
 a single noisy draw and the attack chases noise. Here each query is scored on the log of the
 mean softmax over ``target.eot`` draws (``target.predict(x, draws)``), which upstream lacks; the
 resolver (``harness.resolve``) sets that EOT: 8 on stochastic defenses by default, 1 otherwise.
-Score-based: no gradients, so the gradient mode does not apply. Queries are counted per sample.
+Score-based: no gradients, so the gradient mode does not apply. Queries are counted per sample; the
+accuracy trace is the running accuracy after each query step (:func:`trace_square`).
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -57,23 +60,59 @@ class Square(Attack):
         draws = target.eot
         n = x.shape[0]
         counter = {"rows": 0}
-        trace: list[float] = []
 
         def predict(z: Tensor) -> Tensor:
-            # each call queries only the still-unbroken samples, so rows / n tracks the accuracy
             counter["rows"] += z.shape[0]
-            trace.append(z.shape[0] / n)
             return target.predict(z, draws).float()  # float32 scores, also under bfloat16 autocast
 
         sq = SquareAttack(predict, norm=self.norm, n_queries=self.queries, eps=self.eps, p_init=self.p_init,
                           n_restarts=self.restarts, seed=seed, verbose=False, loss=self.loss,
                           resc_schedule=self.rescale_schedule, device=x.device)
+        trace = trace_square(sq, n)
         with torch.no_grad():
             with quiet_stdout():  # upstream prints in a few corner cases
                 x_adv = sq.perturb(x, y)
         result = finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=draws,
-                          extras={"acc_trace": trace[1:], "queries": counter["rows"] / n})
+                          extras={"queries": counter["rows"] / n})
+        result.extras["acc_trace"] = _end_at(trace, int((~result.success).sum()) / max(n, 1))
         return result
+
+
+def trace_square(sq: Any, n_total: int) -> list[float]:
+    """Instrument a pyautoattack ``SquareAttack``: after each scored query step append the running accuracy,
+    the fraction of the ``n_total`` samples not yet broken, to the returned list.
+
+    Counted from upstream's margins (a row is broken once its margin is <= 0, and from then on is no longer
+    queried), not from the rows of each call: upstream re-predicts every attacked row after each restart,
+    which would put the trace back up at the clean accuracy."""
+    trace: list[float] = []
+    alive = {"rows": 0}
+    single_run, margin_and_loss = sq.attack_single_run, sq.margin_and_loss
+
+    def attack_single_run(x: Tensor, y: Tensor) -> Any:
+        alive["rows"] = x.shape[0]  # a restart attacks exactly the samples still unbroken
+        return single_run(x, y)
+
+    def scored(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        margin, loss = margin_and_loss(x, y)
+        alive["rows"] -= int((margin <= 0).sum())
+        trace.append(alive["rows"] / max(n_total, 1))
+        return margin, loss
+
+    sq.attack_single_run, sq.margin_and_loss = attack_single_run, scored
+    return trace
+
+
+def _end_at(trace: list[float], final: float) -> list[float]:
+    """The trace as a running minimum that ends at ``final``, the accuracy of the attack's own final evaluation
+    (which may differ from upstream's scores on a stochastic defense or on an exact tie)."""
+    out, low = [], 1.0
+    for v in trace:
+        low = min(low, v)
+        out.append(max(low, final))
+    if not out or out[-1] != final:
+        out.append(final)
+    return out
 
 
 @register_attack("square")

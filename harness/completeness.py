@@ -9,11 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from harness.errors import UsageError
 from harness.store import (Plan, RunFormatError, RunKind, RunStore, check_format, kept_shards, load_config,
-                           load_provenance, stage_names)
+                           load_provenance, read_table, stage_names)
 
 
 class IncompleteRunError(UsageError):
@@ -95,9 +93,9 @@ def _shard_complete(store: RunStore, shard: int, indices: list[int], expected: l
     if not store.shard_path(shard).is_file() or not store.shard_path(shard, ".json").is_file():
         return False
     if expected is None:
-        t = pq.read_table(store.shard_path(shard), columns=["index"]).to_pandas()
+        t = read_table(store.shard_path(shard), columns=["index"]).to_pandas()
         return sorted(t["index"].tolist()) == sorted(indices)
-    t = pq.read_table(store.shard_path(shard), columns=["index", "stage", "attack"]).to_pandas()
+    t = read_table(store.shard_path(shard), columns=["index", "stage", "attack"]).to_pandas()
     names = list(t.drop_duplicates("stage").sort_values("stage").attack)
     if names != expected or len(t) != len(indices) * len(expected):
         return False

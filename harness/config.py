@@ -29,7 +29,7 @@ NON_RESULT_FIELDS = ("device", "batch_size", "quiet", "out", "run_id", "data_roo
 # fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
 # otherwise, so older run ids stay valid
 LATER_FIELDS: dict[str, Any] = {"until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
-                                "compile": False}
+                                "compile": False, "module_mode": None, "probe_gradients": True}
 
 
 @dataclass
@@ -54,6 +54,10 @@ class RunConfig:
     escalate: bool = True
     # skip later battery stages whose gradient mode a diagnostic found dead (harness.diagnostics.dead_gradient)
     skip_dead_gradients: bool = True
+    # probe each gradient mode on the first batch and move attacks off dead ones (harness.preflight)
+    probe_gradients: bool = True
+    # modules handed over in training mode: None (refuse when that changes outputs), "eval" or "train"
+    module_mode: str | None = None
     escalations: list[dict[str, Any]] = field(default_factory=list)
     shard_size: int = 256
     batch_size: int = 256
@@ -96,10 +100,11 @@ RULES: dict[str, Rule] = {
     "grad": Rule(choices=GRAD_MODES),
     "dataset": Rule(choices=tuple(DATASETS)),
     "autocast": Rule(choices=("none", "bf16")),
+    "module_mode": Rule(choices=("eval", "train")),
 }
 # command-line flags whose name is not --<key with dashes>
 FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate",
-         "skip_dead_gradients": "--no-skip-dead-gradients"}
+         "skip_dead_gradients": "--no-skip-dead-gradients", "probe_gradients": "--no-gradient-probe"}
 
 
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:

@@ -149,9 +149,13 @@ class Defense(nn.Module):
         return out
 
     def purify(self, x: Tensor, grad_mode: GradMode = "full") -> Tensor:
-        """Apply the purifier with gradients flowing as ``grad_mode`` says (its output must keep the input's shape)."""
+        """Apply the purifier with gradients flowing as ``grad_mode`` says (its output must keep the input's shape).
+
+        The purifier gets a copy of ``x`` (differentiable): a purifier that writes into its input cannot move
+        the tensors the harness keeps (the clean images, the attack's iterates). ``harness.preflight`` names it."""
         if self.purifier is None:
             return x
+        x_in = x.clone()
         if grad_mode not in GRAD_MODES:
             raise ValueError(f"unknown gradient mode {grad_mode!r}; accepted: {', '.join(GRAD_MODES)}")
         own = getattr(self.purifier, "forward_surrogate", None) if grad_mode == "surrogate" else None
@@ -159,17 +163,18 @@ class Defense(nn.Module):
             raise ValueError(f"defense {self.name!r} offers no surrogate gradient; use grad mode 'full' or 'bpda', "
                              "or pass Defense(surrogate=...) / give the purifier a forward_surrogate method")
         if grad_mode == "full" or callable(own):
-            z = self.purifier(x) if grad_mode == "full" else own(x)
+            z = self.purifier(x_in) if grad_mode == "full" else own(x_in)
             check_purified(self, x, z)
             return z
         with torch.no_grad():
-            z = self.purifier(x)
+            z = self.purifier(x_in)
         check_purified(self, x, z)
-        return straight_through(z, x if grad_mode == "bpda" else self.surrogate(x))
+        return straight_through(z, x if grad_mode == "bpda" else self.surrogate(x.clone()))
 
     def logits(self, x: Tensor, grad_mode: GradMode = "full") -> Tensor:
-        """Logits of the defended model, differentiable as ``grad_mode`` says."""
-        return self.classifier(self.purify(x, grad_mode))
+        """Logits of the defended model, differentiable as ``grad_mode`` says (on copies of ``x``: :meth:`purify`)."""
+        z = self.purify(x, grad_mode)
+        return self.classifier(z.clone() if z is x else z)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.logits(x, "full")

@@ -17,7 +17,10 @@ et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pin
 - ``noise-beats-attack``: random noise of the same norm breaks samples the attack failed on;
 - ``probability-logits``: the outputs look like probabilities, not logits;
 - ``non-finite-logits``: some adversarial inputs give NaN/inf logits (counted as not robust);
-- ``threat-model-violation``: the attack returned inputs outside the ε-ball or the bounds (projected back).
+- ``threat-model-violation``: the attack returned inputs outside the ε-ball or the bounds (projected back);
+- ``tied-logits``: an evaluated input had a tie for the top logit (a wrong answer);
+- ``verdict-disagrees``: fresh instances of the defense answer otherwise than the one the attacks queried
+  (``harness.verdict``).
 
 Checks that need extra passes run on at most ``PROBE`` failed samples, inside a forked RNG seeded
 from the stage's seed, so they are cheap and a resumed run raises the same flags.
@@ -32,8 +35,9 @@ import torch
 from torch import Tensor
 
 from harness import escalation
+from harness.evaluation import correct
 from harness.flags import FlagCode
-from harness.gradcheck import gradient_health, identity_like, jacobian_alignment
+from harness.gradcheck import carries_signal, gradient_health, identity_like, jacobian_alignment
 from harness.losses import cross_entropy, margin
 from harness.target import Target
 from harness.threat import project_ball
@@ -105,11 +109,8 @@ def dead_gradient(outcome: Any, flags: list[Flag]) -> str | None:
     if xa.shape[0] == 0:
         return None
     with seeded((int(outcome.seed) + SEED_OFFSET + 1) & 0x7FFFFFFFFFFFFFFF, xa.device):
-        for loss in (cross_entropy, margin):
-            _, grad, _ = c.target(1).value_and_grad(xa, y, loss)
-            health = gradient_health(grad)
-            if health["zero_frac"] + health["nonfinite_frac"] < 1.0:
-                return None
+        if carries_signal(c.target(1), xa, y):
+            return None
     return (f"{c.grad_mode}-mode input gradients were zero or non-finite on all {xa.shape[0]} probed samples that "
             f"survived {c.name}")
 
@@ -133,7 +134,8 @@ class _Context:
         return self.o.x[rows], self.o.y[rows], self.o.x_adv[rows]
 
     def target(self, eot: int | None = None) -> Target:
-        return Target(self.defense, self.grad_mode, eot or 1)  # separate budget: diagnostics are not the attack's cost
+        # separate budget: diagnostics are not the attack's cost; fresh instances if the attack had them
+        return Target(self.defense, self.grad_mode, eot or 1, fresh=self.o.target.fresh)
 
 
 def _has_aux(defense: Any, x: Tensor) -> bool:
@@ -285,7 +287,7 @@ def _sanity_pgd(t: Target, x: Tensor, y: Tensor, norm: str, eps: float) -> Tenso
     x_adv = x.clone()
     for i in range(SANITY_STEPS + 1):
         loss, grad, logits = t.value_and_grad(x_adv, y, cross_entropy, with_grad=i < SANITY_STEPS)
-        loss, wrong = loss.float(), margin(logits.float(), y) > 0
+        loss, wrong = loss.float(), ~correct(logits, y)
         take = ~hit & (wrong | (loss > best_loss))
         best[take], best_loss[take], hit = x_adv[take], loss[take], hit | wrong
         if i == SANITY_STEPS:
@@ -308,7 +310,7 @@ def check_large_eps(c: _Context) -> Flag | None:
     eps = (hi - lo) * (math.sqrt(x[0].numel()) if norm == "L2" else 1.0)
     x_adv = _sanity_pgd(c.target(min(c.eot, 8) if c.defense.stochastic else 1), x, y, norm, eps)
     logits = c.target().predict(x_adv, c.draws)
-    acc = ((logits.argmax(1) == y) & torch.isfinite(logits).all(1)).float().mean().item()
+    acc = correct(logits, y).float().mean().item()
     if acc > MASKING_MAX_ACC:
         return Flag(FlagCode.MASKING_LARGE_EPS, c.name, f"unbounded PGD-{SANITY_STEPS} ({norm}, eps={eps:.3g}) leaves {acc:.0%} "
                     f"of {x.shape[0]} failed samples robust ({c.grad_mode} gradients): gradient masking",
@@ -339,7 +341,7 @@ def check_noise(c: _Context) -> Flag | None:
     x, y, xa = c.probe(NOISE_SAMPLES)
     # the attack's own point, evaluated the same way: count only samples the attack failed on under this evaluation
     at_adv = t.predict(xa, c.draws)
-    failed = (at_adv.argmax(1) == y) & torch.isfinite(at_adv).all(1)
+    failed = correct(at_adv, y)
     broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     for _ in range(4):
         if c.attack.norm == "Linf":
@@ -348,7 +350,7 @@ def check_noise(c: _Context) -> Flag | None:
             d = torch.randn_like(x)
             d = eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
         logits = t.predict((x + d).clamp(lo, hi), c.draws)
-        broken |= (logits.argmax(1) != y) | ~torch.isfinite(logits).all(1)
+        broken |= ~correct(logits, y)
     n = int((broken & failed).sum())
     if n and n / x.shape[0] >= (0.1 if c.defense.stochastic else 0.0):
         return Flag(FlagCode.NOISE_BEATS_ATTACK, c.name, f"random {c.attack.norm} noise of norm {eps:.3g} broke {n} of "
@@ -357,5 +359,40 @@ def check_noise(c: _Context) -> Flag | None:
     return None
 
 
-CHECKS = (check_acc_trace, check_probability_logits, check_nonfinite, check_threat_model, check_gradients, check_loss_flat, check_eot,
+def _tie_flag(tied: Tensor | None, name: str) -> Flag | None:
+    n = 0 if tied is None else int(tied.sum())
+    if not n:
+        return None
+    return Flag(FlagCode.TIED_LOGITS, name, f"{n} evaluated input(s) had a tie for the top logit in some draw "
+                "(counted as wrong answers)", "return logits with a single top class; a tie is never a correct answer",
+                float(n))
+
+
+def _disagreement_flag(agreement: Any, name: str, stochastic: bool) -> Flag | None:
+    if agreement is None or not agreement.significant:
+        return None
+    n = int(agreement.differ.sum())
+    how = (f"answered correctly more often than fresh instances (sign test p = {agreement.p:.2g})" if stochastic
+           else f"and fresh instances answered differently on {n} sample(s)")
+    return Flag(FlagCode.VERDICT_DISAGREES, name, f"the defense instance the attacks queried {how}: it keeps state, "
+                "or depends on what else it was given", "make the defense a function of each input (no memory of "
+                "earlier inputs); the recorded verdict is the fresh instances' (deterministic: correct only where both "
+                "agree)", float(n))
+
+
+def check_ties(c: _Context) -> Flag | None:
+    return _tie_flag(getattr(c.o, "tied", None), c.name)
+
+
+def check_verdict(c: _Context) -> Flag | None:
+    return _disagreement_flag(getattr(c.o, "agreement", None), c.name, bool(c.defense.stochastic))
+
+
+def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False) -> list[dict[str, Any]]:
+    """The flags of the clean stage (ties, a fresh instance disagreeing), in the stored flag format."""
+    flags = [f for f in (_tie_flag(ev.tied, "clean"), _disagreement_flag(agreement, "clean", stochastic)) if f]
+    return [{**f.to_dict(), "code": f.code.value, "shard": shard, "stage": 0} for f in flags]
+
+
+CHECKS = (check_ties, check_verdict, check_acc_trace, check_probability_logits, check_nonfinite, check_threat_model, check_gradients, check_loss_flat, check_eot,
           check_identity_jacobian, check_large_eps, check_blackbox, check_noise)

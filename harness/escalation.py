@@ -12,10 +12,11 @@ outrank the run's ``--grad``/``--eot`` (``harness.resolve``): it exists to fix a
 |-----------------------|----------------------------------------------------------------------------|
 | zero-grad, nonfinite-grad, identity-jacobian, masking-large-eps, blackbox-beats-whitebox (purifier, not yet BPDA) | ``bpda-eot`` (+ ``joint-rec`` when registered and the defense has auxiliary losses) |
 | the same codes, when the defense supplies a surrogate gradient not yet used | also ``pgd-surrogate``: PGD-100 + EOT with ``grad = "surrogate"`` |
-| ce-vanishing, zero-grad/masking without a purifier, loss-flat, probability-logits | ``apgd-dlr`` (scale-invariant margin loss)     |
+| the same codes without a purifier (or already BPDA) | ``apgd-dlr`` (scale-invariant margin loss), ``square`` and ``rays`` |
+| ce-vanishing, loss-flat, probability-logits | ``apgd-dlr`` (scale-invariant margin loss)                    |
 | eot-disagree          | the same attack with more EOT draws                                        |
 | acc-still-falling     | the same attack with 4x the iterations (or queries)                        |
-| noise-beats-attack    | ``square`` (and ``rays`` for ℓ∞): gradient-free, with EOT on stochastic defenses |
+| noise-beats-attack, dead-gradient-mode, no-gradient, grad-changes-output (first batch) | ``square`` (and ``rays`` for ℓ∞): gradient-free, with EOT on stochastic defenses |
 """
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ from typing import Any
 
 from harness.attack import ATTACKS, Attack
 from harness.flags import GRADIENT_FLAGS, FlagCode
+from harness.presets import ESCALATION_PREFIX
 
+# flags that only attacks needing no gradients of the defense can answer
+QUERY_FLAGS = frozenset({FlagCode.NOISE_BEATS_ATTACK, FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT,
+                         FlagCode.GRAD_CHANGES_OUTPUT})
 MAX_EOT = 200
 GRADIENT_EOT, QUERY_EOT = 20, 8  # the least EOT an escalation uses on a stochastic defense
-ESCALATION_PREFIX = "esc-"
 
 
 def _spec(name: str, attack: str, options: dict[str, Any] | None = None, grad: str | None = None,
@@ -120,18 +124,16 @@ def rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad
     if code in GRADIENT_FLAGS:
         if has_purifier and (grad_mode != "bpda" or code == FlagCode.IDENTITY_JACOBIAN):
             out = bpda_eot(stochastic, has_aux, eot)
-        elif code == FlagCode.BLACKBOX_BEATS_WHITEBOX:
+        elif code != FlagCode.IDENTITY_JACOBIAN:  # no other gradient path: a margin loss, and attacks needing none
             out = margin_loss(own_grad) + gradient_free(stochastic, attack.norm)
-        elif code != FlagCode.IDENTITY_JACOBIAN:
-            out = margin_loss(own_grad)
         if has_surrogate and grad_mode != "surrogate":
             out += surrogate_pgd(stochastic, eot)
+    elif code in QUERY_FLAGS:
+        out = gradient_free(stochastic, attack.norm)
     elif code in (FlagCode.CE_VANISHING, FlagCode.LOSS_FLAT, FlagCode.PROBABILITY_LOGITS):
         out = margin_loss(own_grad)
     elif code == FlagCode.EOT_DISAGREE:
         out = more_eot(spec, attack, eot, value)
     elif code == FlagCode.ACC_STILL_FALLING:
         out = more_iterations(spec, attack)
-    elif code == FlagCode.NOISE_BEATS_ATTACK:
-        out = gradient_free(stochastic, attack.norm)
     return out

@@ -26,6 +26,7 @@ from harness.config import RunConfig
 from harness.defense import Defense
 from harness.data import TestSet
 from harness.presets import AttackSpec
+from harness.resolve import GradientProbe, resolve
 from harness.stage import clean_stage, run_stage
 
 CALIBRATION_SAMPLES = 64
@@ -76,23 +77,30 @@ def duration(seconds: float) -> str:
 
 
 def estimate(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int], device: torch.device, *,
-             samples: int = CALIBRATION_SAMPLES) -> Estimate:
+             samples: int = CALIBRATION_SAMPLES, probe: GradientProbe | None = None) -> Estimate:
     """Time the battery of ``cfg`` (resolved by ``harness.runner.prepare``) on the first ``samples`` of
-    ``indices`` and scale to ``len(indices)``."""
+    ``indices`` and scale to ``len(indices)``; ``probe``: the first-batch gradient probe (stages it does not let
+    start cost nothing)."""
     k = max(1, min(samples, len(indices)))
     x, y = data.get(indices[:k], device)
     start = time.perf_counter()
     t0 = time.perf_counter()
-    _, ev = clean_stage(defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=0, batch_size=cfg.batch_size)
+    _, ev, _ = clean_stage(defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=0,
+                           batch_size=cfg.batch_size)
     costs = [StageCost("clean", (time.perf_counter() - t0) / k, 1.0)]
     robust = ev.attackable.clone()
     for stage, entry in enumerate(cfg.battery, start=1):
         spec = AttackSpec.from_dict(entry)
+        attack = spec.build(cfg.eps, cfg.norm)
+        if resolve(spec, attack, stochastic=defense.stochastic, run_grad=cfg.grad, run_eot=cfg.eot,
+                   autocast=cfg.autocast, probe=probe).skip:
+            costs.append(StageCost(spec.name, 0.0, 0.0))
+            continue
         before = torch.ones_like(robust) if cfg.every_attack or not robust.any() else robust
         t0 = time.perf_counter()
-        outcome, _, _ = run_stage(stage, spec, spec.build(cfg.eps, cfg.norm), defense, x, y, before, grad=cfg.grad,
+        outcome, _, _ = run_stage(stage, spec, attack, defense, x, y, before, grad=cfg.grad,
                                   eot=cfg.eot, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=0,
-                                  batch_size=cfg.batch_size, autocast=cfg.autocast)
+                                  batch_size=cfg.batch_size, autocast=cfg.autocast, probe=probe)
         attempted = 1.0 if cfg.every_attack else float(robust.float().mean())
         costs.append(StageCost(spec.name, (time.perf_counter() - t0) / int(before.sum()), attempted))
         robust &= outcome.robust_after

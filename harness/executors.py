@@ -27,11 +27,12 @@ import numpy as np
 
 from harness.acceleration import resolve_device
 from harness import fingerprint
-from harness.acceleration import accelerate
 from harness.config import RunConfig
 from harness.data import load_test_set, resolve_root
 from harness.defense import create_defense
 from harness.errors import HarnessError, SetupError, UsageError
+from harness.placement import Placed, place_checked
+from harness.preflight import Preflight
 from harness.progress import bars_enabled, progress_bar
 from harness.store import RunStore, load_provenance
 
@@ -208,7 +209,7 @@ def job_spec(ctx: "_Context", n_shards: int) -> dict[str, Any]:
     return {"config": cfg, "run_dir": str(ctx.store.dir.resolve()), "n_shards": n_shards}
 
 
-_BUILT: dict[str, tuple[Any, Any, Any]] = {}  # per worker process: the last run's defense, data and device
+_BUILT: dict[str, tuple[Any, Any]] = {}  # per worker process: the last run's placed defense and its data
 
 
 def compute_shard(job: dict[str, Any], phase: str, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
@@ -219,15 +220,16 @@ def compute_shard(job: dict[str, Any], phase: str, shard: int, indices: list[int
 
     from harness.runner import _Context
     cfg = RunConfig(**job["config"])
-    defense, data, device = _build(cfg, job["run_dir"])
+    placed, data = _build(cfg, job["run_dir"])
     torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
-    ctx = _Context(cfg, defense, data, RunStore(job["run_dir"]), device, len(indices), job["n_shards"])
+    ctx = _Context(cfg, placed.defense, data, RunStore(job["run_dir"]), placed.device, len(indices), job["n_shards"],
+                   probe=placed.preflight.probe, verifier=placed.verifier, stateful=placed.preflight.stateful)
     _, done, work = ctx.steps(phase)
     with ctx.store.shard_lock(shard, blocking=True):  # another process may hold it: wait, then skip if done
         return None if done(shard) else work(shard, indices)
 
 
-def _build(cfg: RunConfig, run_dir: str) -> tuple[Any, Any, Any]:
+def _build(cfg: RunConfig, run_dir: str) -> tuple[Placed, Any]:
     """The defense (on the task's device) and data of ``cfg``, built once per worker process and checked against
     the run's fingerprint, so a node with other defense files, weights, data or packages computes nothing. The
     harness commit is left out: a commit during a long run (fresh workers check again) must not stop it."""
@@ -249,6 +251,6 @@ def _build(cfg: RunConfig, run_dir: str) -> tuple[Any, Any, Any]:
         gpus = ray.get_gpu_ids()
         device = resolve_device(("cuda" if cfg.device.startswith("cuda") else cfg.device) if gpus else "cpu")
         _BUILT.clear()
-        defense = accelerate(defense.to(device).eval(), channels_last=cfg.channels_last, compile=cfg.compile)
-        _BUILT[key] = (defense, data, device)
+        placed = place_checked(cfg, defense, device, Preflight.from_dict(prov.get("preflight") or {}))
+        _BUILT[key] = (placed, data)
     return _BUILT[key]

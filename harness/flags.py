@@ -26,6 +26,14 @@ class FlagCode(str, Enum):
     PROBABILITY_LOGITS = "probability-logits"
     NON_FINITE_LOGITS = "non-finite-logits"
     THREAT_MODEL_VIOLATION = "threat-model-violation"
+    TIED_LOGITS = "tied-logits"  # a tie for the top logit (counted as a wrong answer)
+    KEEPS_STATE = "keeps-state"  # preflight: answers depend on the inputs seen before
+    WRITES_INPUT = "writes-input"  # preflight: the purifier or classifier edits its input tensor in place
+    GRAD_CHANGES_OUTPUT = "grad-changes-output"  # preflight: outputs differ with autograd on and off
+    DEAD_GRADIENT_MODE = "dead-gradient-mode"  # preflight: a gradient mode gives no usable input gradient
+    NO_GRADIENT = "no-gradient"  # preflight: no gradient mode reaches the input; gradient-free attacks only
+    MODULE_MODE = "module-mode"  # preflight: modules handed over in training mode, evaluated as --module-mode says
+    VERDICT_DISAGREES = "verdict-disagrees"  # a fresh instance answers otherwise than the one the attacks queried
     UPPER_BOUND = "upper-bound"  # reports: a cascade skipped a sample that still had correct draws
     STAGE_SKIPPED = "stage-skipped"  # reports: a stage was not run on some shards, its gradient mode found dead
 

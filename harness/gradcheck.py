@@ -2,6 +2,9 @@
 
 - :func:`gradient_health`: share of samples whose input gradient is all zero (shattered or
   quantizing purifiers, saturated losses) or holds non-finite entries.
+- :func:`carries_signal`: whether a target's gradient mode gives any sample a usable input gradient under
+  the cross-entropy or the margin loss (the one rule behind the first-batch gradient probe and the
+  per-shard dead-gradient skip).
 - :func:`jacobian_alignment`: how close the purifier's vector–Jacobian product ``vᵀJ`` is to the
   probe ``v`` itself. A purifier whose exact Jacobian is the identity (up to clipping) — e.g. a
   sign-PGD loop such as AMRM-Pure, because ``d sign(g)/dg = 0`` almost everywhere — passes the
@@ -17,11 +20,15 @@ gradient, which :func:`gradient_health` reports).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .defense import GRAD_MODES, Defense, GradMode
+
+if TYPE_CHECKING:
+    from .target import Target
 
 IDENTITY_THRESHOLD = 0.99
 
@@ -36,6 +43,19 @@ def gradient_health(grad: Tensor) -> dict[str, float]:
     nonfinite = ~torch.isfinite(flat).all(1)
     zero = (flat == 0).all(1) & ~nonfinite
     return {"zero_frac": zero.float().mean().item(), "nonfinite_frac": nonfinite.float().mean().item()}
+
+
+def carries_signal(target: "Target", x: Tensor, y: Tensor) -> bool:
+    """True unless, on every sample of ``x``, the input gradients of both the cross-entropy and the margin loss
+    (one draw, ``target``'s gradient mode) are all zero or non-finite (or do not reach the input at all)."""
+    from .losses import cross_entropy, margin
+
+    for loss in (cross_entropy, margin):
+        _, grad, _ = target.with_options(eot=1).value_and_grad(x, y, loss)
+        health = gradient_health(grad)
+        if health["zero_frac"] + health["nonfinite_frac"] < 1.0:
+            return True
+    return False
 
 
 def _masked_cosine(u: Tensor, v: Tensor) -> Tensor:

@@ -4,6 +4,7 @@ default is ``rand`` (AutoAttack's configuration for randomized defenses: APGD-CE
 EOT) for a stochastic defense and ``standard`` otherwise (:func:`default_preset`)."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 from harness.attack import ATTACKS, Attack
 from harness.config import load_toml
 from harness.defense import GRAD_MODES
-from harness.errors import MissingInputError, UsageError
+from harness.errors import HarnessError, MissingInputError, UsageError, one_line, user_frame
 from harness.resolve import RESOLVER_OPTIONS
+
+ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.escalation)
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -49,9 +52,40 @@ class AttackSpec:
 
     def build(self, eps: float, norm: str) -> Attack:
         """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own. The
-        ``grad``/``eot`` options are the resolver's (``harness.resolve``), not the attack's."""
+        ``grad``/``eot`` options are the resolver's (``harness.resolve``), not the attack's. An option the
+        attack rejects is a :class:`UsageError` naming the entry."""
+        try:
+            return self._create(eps=eps, norm=norm)
+        except ValueError as exc:  # the attack's own option checks; an error in a user's file names its line instead
+            if user_frame(exc) is not None or isinstance(exc, HarnessError):
+                raise
+            raise UsageError(f"attack {self.name!r}: {one_line(exc)}") from exc
+
+    def check(self, where: str) -> None:
+        """Build the attack from the entry's own options (the attack's defaults for the rest), so an option it
+        rejects fails naming ``where`` the entry came from. The run's ε and norm are checked when the battery is
+        built; an attack given as ``file.py:factory``, or one needing options the entry does not set, is left to
+        that check."""
+        if ":" in self.attack and self.attack not in ATTACKS:  # a user's file or module: not imported twice
+            return
+        try:
+            factory = ATTACKS.get(self.attack)
+            try:
+                params = inspect.signature(factory).parameters.values()
+            except (TypeError, ValueError):  # no introspectable signature
+                return
+            if any(p.default is p.empty and p.name not in self.options for p in params
+                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)):
+                return
+            self._create()
+        except ValueError as exc:
+            if user_frame(exc) is not None:
+                raise
+            raise UsageError(f"{where}: {one_line(exc)}") from exc
+
+    def _create(self, **run: Any) -> Attack:
         options = {k: v for k, v in self.options.items() if k not in RESOLVER_OPTIONS}
-        return ATTACKS.create(self.attack, **{"eps": eps, "norm": norm, **options})
+        return ATTACKS.create(self.attack, **{**run, **options})
 
 
 def default_preset(stochastic: bool) -> str:
@@ -76,7 +110,10 @@ def load_preset_file(path: Path) -> list[AttackSpec]:
     if not isinstance(entries, list) or not entries:
         raise UsageError(f"battery file {str(path)!r} needs a non-empty [[attacks]] array of tables "
                          "(each with attack = \"<registry name>\", optional name, options, grad, eot)")
-    return [AttackSpec.from_dict(e, source=str(path)) for e in entries]
+    specs = [AttackSpec.from_dict(e, source=str(path)) for e in entries]
+    for spec in specs:
+        spec.check(f"battery file {str(path)!r}, entry {spec.name!r} (attack {spec.attack!r})")
+    return specs
 
 
 def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
@@ -84,7 +121,8 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
     """Resolve ``--attacks``: a preset name, a path to a TOML battery, or ``name,name,...`` registry names.
 
     ``attack_opts`` ``{"key": v}`` applies to every attack, ``{"name.key": v}`` to the attack ``name``
-    (``grad``/``eot`` included: they become per-attack options, see ``harness.resolve``).
+    (``grad``/``eot`` included: they become per-attack options, see ``harness.resolve``); ``{"esc-name.key": v}``
+    is left to the escalation attack ``esc-name``, if a diagnostic adds it (``harness.run_flags``).
     """
     attacks = attacks.strip()
     path = Path(attacks).expanduser()
@@ -107,6 +145,8 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
     for key, value in (attack_opts or {}).items():
         target, _, opt = key.rpartition(".")
         hits = [s for s in specs if not target or s.name == target]
+        if target.startswith(ESCALATION_PREFIX):  # an escalation attack's option: applied if it is added
+            continue
         if target and not hits:
             raise UsageError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
         for s in hits:

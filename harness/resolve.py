@@ -19,6 +19,12 @@ flags name every attack of this run, a battery entry is a preset's (or file's) d
 So ``--eot N``/``--grad M`` apply to a whole preset (``--attacks adaptive --eot 10`` changes every EOT
 attack), and ``--attack-opt NAME.eot=N`` still singles out one attack.
 
+Above every level stands what the defense allows: when the first-batch gradient probe
+(``harness.preflight``) found the chosen mode dead (no sample gets a usable input gradient), an attack
+that may change modes runs in the first live mode instead (source ``probe``), and one that cannot (a
+fixed mode, or no live mode at all) is not started (:attr:`Resolved.skip` says why). No attack ever
+starts in a mode shown dead.
+
 The attack level is not a preference: an attack that fixes its mode, or uses no gradients or no
 EOT, does so whatever is asked, and an explicit per-attack option or battery entry asking otherwise
 is an error (a run-level flag applies only to the attacks it can apply to). Attacks never read
@@ -28,7 +34,7 @@ gradient modes or EOT counts from their own options: they get a ``Target`` built
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from harness.attack import Attack
 from harness.defense import GRAD_MODES, Defense
@@ -43,6 +49,24 @@ NO_GRADIENT = "none"  # recorded gradient mode of attacks that use no gradients 
 
 
 @dataclass(frozen=True)
+class GradientProbe:
+    """Which gradient modes reach the input (``harness.preflight``): ``live`` in preference order, and the
+    dead ones with why."""
+    live: tuple[str, ...]
+    dead: tuple[tuple[str, str], ...] = ()
+
+    def why_dead(self, mode: str) -> str | None:
+        return dict(self.dead).get(mode)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"live": list(self.live), "dead": {m: why for m, why in self.dead}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "GradientProbe":
+        return cls(tuple(d.get("live", ())), tuple((str(m), str(w)) for m, w in dict(d.get("dead", {})).items()))
+
+
+@dataclass(frozen=True)
 class Resolved:
     """The gradient mode and EOT draws one attack runs with, and the level each came from.
 
@@ -54,6 +78,7 @@ class Resolved:
     eot: int
     eot_source: str
     target_grad: str
+    skip: str = ""  # non-empty: the attack must not start (its only possible gradient mode is dead), and why
 
     def columns(self) -> dict[str, Any]:
         """The record columns of these settings."""
@@ -74,11 +99,11 @@ def _check_eot(value: Any, where: str) -> int:
 
 
 def resolve(spec: "AttackSpec", attack: Attack, *, stochastic: bool, run_grad: str | None = None,
-            run_eot: int | None = None, autocast: str = "none") -> Resolved:
+            run_eot: int | None = None, autocast: str = "none", probe: GradientProbe | None = None) -> Resolved:
     """Resolve ``spec``'s gradient mode and EOT (table in the module docstring) for ``attack`` (built from
     ``spec``) on a defense that is ``stochastic`` or not; ``run_grad``/``run_eot`` are the run's flags
-    (``None``: not given). Raises on a conflicting explicit setting, or an attack that cannot run under
-    ``autocast``."""
+    (``None``: not given), ``probe`` the first-batch gradient probe (``None``: every mode taken as live).
+    Raises on a conflicting explicit setting, or an attack that cannot run under ``autocast``."""
     caps, name = attack.capabilities, spec.name
     if autocast != "none" and not caps.supports_autocast:
         raise UsageError(f"--autocast {autocast}: attack {name!r} ({spec.attack}) does not support autocast; "
@@ -114,23 +139,34 @@ def resolve(spec: "AttackSpec", attack: Attack, *, stochastic: bool, run_grad: s
         default = int(caps.stochastic_eot) if stochastic else 1
         eot = next((v, s) for v, s in [(opt_eot, "attack-option"), (run_eot, "run"), (entry_eot, "battery"),
                                        (default, "default")] if v is not None)
-    return Resolved(grad_mode=grad[0], grad_source=grad[1], eot=eot[0], eot_source=eot[1], target_grad=target_grad)
+    skip = ""
+    why = probe.why_dead(grad[0]) if probe is not None and caps.uses_gradients else None
+    if why is not None:
+        if fixed is None and probe is not None and probe.live:
+            grad, target_grad = (probe.live[0], "probe"), probe.live[0]
+        else:
+            skip = (f"{grad[0]}-mode gradients do not reach the input ({why})"
+                    + ("" if probe is None or not probe.live else f"; {spec.attack} runs only in {grad[0]} mode"))
+    return Resolved(grad_mode=grad[0], grad_source=grad[1], eot=eot[0], eot_source=eot[1], target_grad=target_grad,
+                    skip=skip)
 
 
 def describe(name: str, r: Resolved) -> str:
-    """One log line: ``apgd-ce: grad full (default), EOT 20 (default)``."""
-    return f"{name}: grad {r.grad_mode} ({r.grad_source}), EOT {r.eot} ({r.eot_source})"
+    """One log line: ``apgd-ce: grad full (default), EOT 20 (default)`` (and why it will not start, if so)."""
+    line = f"{name}: grad {r.grad_mode} ({r.grad_source}), EOT {r.eot} ({r.eot_source})"
+    return line + (f"; not started: {r.skip}" if r.skip else "")
 
 
 def check_battery(specs: list["AttackSpec"], defense: Defense, *, eps: float, norm: str, run_grad: str | None,
-                  run_eot: int | None, autocast: str = "none") -> list[tuple[str, Resolved]]:
+                  run_eot: int | None, autocast: str = "none",
+                  probe: GradientProbe | None = None) -> list[tuple[str, Resolved]]:
     """Build every entry and resolve its settings before any work, so a bad option, a conflicting
     gradient mode or EOT, an attack that cannot run under ``autocast`` or a gradient mode the defense
     does not offer fails at once. Returns ``(name, resolved)`` per entry (for the log)."""
     out = []
     for spec in specs:
         r = resolve(spec, spec.build(eps, norm), stochastic=defense.stochastic, run_grad=run_grad, run_eot=run_eot,
-                    autocast=autocast)
+                    autocast=autocast, probe=probe)
         try:
             Target(defense, r.target_grad, r.eot)  # type: ignore[arg-type]
         except ValueError as exc:

@@ -16,10 +16,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from harness import checks, diagnostics
-from harness.acceleration import accelerate, as_input, resolve_device
+from harness import diagnostics
+from harness.acceleration import as_input
+from harness.placement import place_and_check
 from harness.presets import AttackSpec, default_preset, resolve_battery
-from harness.resolve import check_battery, describe
+from harness.resolve import GradientProbe, check_battery, resolve
+from harness.verdict import Verifier
 from harness.run_flags import collect_escalations, flag_dict, run_flags
 from harness.stage import clean_stage, run_stage, skipped_stage, uses_dead_gradient
 from harness.config import RunConfig, check_values, config_warnings
@@ -69,10 +71,9 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
                  "stochastic" if defense.stochastic else "deterministic")
     if not cfg.battery:
         cfg.battery = [s.to_dict() for s in resolve_battery(cfg.attacks, cfg.attack_opts)]
-    # build and resolve every entry now so a bad option fails before any work; log what each will run with
-    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps,
-                                        norm=cfg.norm, run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast):
-        log.info("%s", describe(name, resolved))
+    # build and resolve every entry now so a bad option fails before any work (logged after the preflight)
+    check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps, norm=cfg.norm,
+                  run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast)
     return cfg, defense, data, indices
 
 
@@ -91,10 +92,8 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
     """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.estimate`); runs
     nothing else and writes nothing."""
     cfg, defense, data, indices = prepare(cfg, defense)
-    device = resolve_device(cfg.device)
-    defense = accelerate(defense.to(device).eval(), channels_last=cfg.channels_last, compile=cfg.compile)
-    checks.first_batch(defense, data.get(indices[:cfg.batch_size], device)[0], seed=cfg.seed)
-    return estimate(cfg, defense, data, indices, device, samples=samples)
+    placed = place_and_check(cfg, defense, data, indices)
+    return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=placed.preflight.probe)
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
@@ -122,23 +121,24 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                          f"with {'--shard-slice' if shard_slice is not None else '--until'} (use --executor local)")
     executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
     cfg, defense, data, indices = prepare(cfg, defense)
-    device = resolve_device(cfg.device)
     plan = Plan.split(indices, cfg.shard_size)
     selected = np.asarray(indices, dtype=np.int64)
     fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
-    defense = accelerate(defense.to(device).eval(), channels_last=cfg.channels_last, compile=cfg.compile)
-    checks.first_batch(defense, data.get(indices[:cfg.batch_size], device)[0], seed=cfg.seed)  # before any work
+    placed = place_and_check(cfg, defense, data, indices)  # before any work
+    defense, device, pf = placed.defense, placed.device, placed.preflight
     if len(indices) >= LONG_RUN and not cfg.quiet:  # a calibration batch costs < 1% of such a run
-        log.info("%s", estimate(cfg, defense, data, indices, device).text())
+        log.info("%s", estimate(cfg, defense, data, indices, device, probe=pf.probe).text())
     store = RunStore(Path(cfg.out) / (run_id or make_run_id(cfg)))
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
-                              info=dict(device=str(device), defense=defense.describe(), data_source=data.source))
+                              info=dict(device=str(device), defense=defense.describe(), data_source=data.source,
+                                        preflight=pf.to_dict()))
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
     shards = plan.shards()
     mine = slice_shards(len(shards), shard_slice)
-    ctx = _Context(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards))
+    ctx = _Context(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards),
+                   probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful)
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
     try:  # phase A: the configured battery on every shard (of this slice; up to the stop of a sequential run)
         if cfg.until is not None:
@@ -152,7 +152,8 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                      "last slice to finish completes it", shard_slice[0], shard_slice[1], len(others))
             return store.dir
         ctx.n = len(indices)
-        escalations = collect_escalations(store, len(shards), base) if cfg.escalate else []
+        escalations = (collect_escalations(store, len(shards), base, pf.findings, cfg.attack_opts) if cfg.escalate
+                       else [])
         cfg.escalations = [e.to_dict() for e in escalations]
         with store.run_lock():
             store.write_config(cfg)
@@ -167,7 +168,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
         if missing:  # e.g. a shard file deleted while the run was going on
             raise RuntimeError(f"run {str(store.dir)!r}: shards {missing} are missing or incomplete at the end of the "
                                "run (deleted meanwhile?); run the same command again to recompute them")
-        store.finish(run_flags(store, len(shards), cfg.escalations))
+        store.finish(run_flags(store, len(shards), cfg.escalations, pf.findings))
     return store.dir
 
 
@@ -218,9 +219,12 @@ class _Context:
     """State shared by the shards of one run: defense, data, store and one progress bar per attack."""
 
     def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
-                 n_shards: int) -> None:
+                 n_shards: int, *, probe: GradientProbe | None, verifier: Verifier | None,
+                 stateful: bool = False) -> None:
         self.cfg, self.defense, self.data, self.store, self.device, self.n = cfg, defense, data, store, device, n
-        self.n_shards = n_shards
+        self.n_shards, self.probe, self.verifier = n_shards, probe, verifier
+        # a defense that keeps state is queried on a fresh instance per pass (harness.preflight)
+        self.fresh = verifier.instances()[1] if verifier is not None and stateful else None
         self.bars: dict[str, Any] = {}
         self.progress = StageLog(log, enabled=not cfg.quiet and not bars_enabled(cfg.quiet))  # lines instead of bars
 
@@ -291,13 +295,18 @@ class _Context:
         cfg, summary = self.cfg, []
         x, y = self.data.get(indices, self.device)
         x = as_input(x, cfg.channels_last)
+        anchors = self.data.get(indices, self.device)[0]  # re-read: what the verdict checks the balls against
         frames, side = [], {"stages": [], "attacks": {}, "diagnostics": []}
         adv: dict[str, Any] | None = None
+        dead: tuple[str, str] | None = None  # (gradient mode, why) once a stage found that mode dead on this shard
         if prior is None:
-            cols, ev = clean_stage(self.defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
-                                   batch_size=cfg.batch_size)
+            cols, ev, agreement = clean_stage(self.defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed,
+                                              shard=shard, batch_size=cfg.batch_size, verifier=self.verifier,
+                                              anchors=anchors)
             frames.append(self._frame(cols, indices, y, shard, 0, "clean"))
             side["stages"].append("clean")
+            side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=shard,
+                                                                 stochastic=self.defense.stochastic))
             robust = ev.attackable.clone()
         else:
             old, done = self.store.read_side(shard), int(prior.stage.max())
@@ -305,6 +314,9 @@ class _Context:
             # side data may be ahead of the Parquet file if a rewrite was interrupted: keep only finished stages
             side = {"stages": names, "attacks": {k: v for k, v in old["attacks"].items() if k in names},
                     "diagnostics": [f for f in old["diagnostics"] if f.get("stage", 0) <= done]}
+            if old.get("dead"):
+                side["dead"] = old["dead"]
+                dead = (str(old["dead"][0]), str(old["dead"][1]))
             frames.append(prior[COLUMNS])
             ran = prior[prior.skipped == ""]  # a skipped stage left every sample's state as it was
             last = ran[ran.stage == ran.stage.max()].set_index("index").loc[indices]
@@ -312,22 +324,26 @@ class _Context:
             adv = self.store.read_adversarials(shard) if cfg.save_adversarials else None
         if cfg.save_adversarials and adv is None:
             adv = {"index": torch.as_tensor(indices), "x_adv": {}}
-        dead: tuple[str, str] | None = None  # (gradient mode, why) once a stage found that mode dead on this shard
         for k, spec in enumerate(specs):
             stage = first_stage + k
             before = robust if not cfg.every_attack else torch.ones_like(robust)
             attack = spec.build(cfg.eps, cfg.norm)
-            if dead is not None and uses_dead_gradient(spec, attack, self.defense, dead[0], grad=cfg.grad, eot=cfg.eot,
-                                                       autocast=cfg.autocast):
-                cols = skipped_stage(spec, attack, self.defense, len(indices), reason=dead[1], grad=cfg.grad,
-                                     eot=cfg.eot, run_seed=cfg.seed, autocast=cfg.autocast)
+            why = resolve(spec, attack, stochastic=self.defense.stochastic, run_grad=cfg.grad, run_eot=cfg.eot,
+                          autocast=cfg.autocast, probe=self.probe).skip
+            if not why and dead is not None and uses_dead_gradient(spec, attack, self.defense, dead[0], grad=cfg.grad,
+                                                                   eot=cfg.eot, autocast=cfg.autocast,
+                                                                   probe=self.probe):
+                why = dead[1]
+            if why:
+                cols = skipped_stage(spec, attack, self.defense, len(indices), reason=why, grad=cfg.grad,
+                                     eot=cfg.eot, run_seed=cfg.seed, autocast=cfg.autocast, probe=self.probe)
                 frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
                 side["stages"].append(spec.name)
-                side["attacks"][spec.name] = {"attempted": 0, "robust_after": int(robust.sum()), "skipped": dead[1]}
+                side["attacks"][spec.name] = {"attempted": 0, "robust_after": int(robust.sum()), "skipped": why}
                 if adv is not None:
                     adv["x_adv"][spec.name] = x.cpu()
                 self.bar(spec.name).update(len(indices))
-                log.info("shard %d/%d, %s: skipped, %s", shard + 1, self.n_shards, spec.name, dead[1])
+                log.info("shard %d/%d, %s: skipped, %s", shard + 1, self.n_shards, spec.name, why)
                 summary.append(dict(stage=spec.name, attempted=0, robust=int(robust.sum()), seconds=0.0))
                 self.progress.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
                 continue
@@ -335,7 +351,8 @@ class _Context:
             t0 = time.monotonic()
             outcome, cols, _ = run_stage(stage, spec, attack, self.defense, x, y, before, grad=cfg.grad, eot=cfg.eot,
                                          repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
-                                         batch_size=cfg.batch_size, autocast=cfg.autocast)
+                                         batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe,
+                                         verifier=self.verifier, anchors=anchors, fresh=self.fresh)
             if not cfg.every_attack:
                 robust = outcome.robust_after
             frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
@@ -345,8 +362,10 @@ class _Context:
             flags = diagnostics.after_stage(outcome)
             side["diagnostics"].extend(flag_dict(f, outcome) for f in flags)
             if dead is None and prior is None and cfg.skip_dead_gradients:  # the configured battery only
-                why = diagnostics.dead_gradient(outcome, flags)
-                dead = None if why is None else (str(outcome.target.grad_mode), why)
+                found = diagnostics.dead_gradient(outcome, flags)
+                dead = None if found is None else (str(outcome.target.grad_mode), found)
+                if dead is not None:
+                    side["dead"] = list(dead)  # the escalation phase skips this mode on this shard too
             if adv is not None:
                 full = x.clone()
                 full[before] = outcome.x_adv

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -25,10 +25,11 @@ from harness.defense import Defense
 from harness.evaluation import Evaluation, evaluate
 from harness.passes import Budget, counting
 from harness.presets import AttackSpec
-from harness.resolve import Resolved, resolve
-from harness.seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, derive_seed, seeded
+from harness.resolve import GradientProbe, Resolved, resolve
+from harness.seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERIFY, derive_seed, seeded
 from harness.target import Target
 from harness.threat import ThreatModel, check_data_in_bounds
+from harness.verdict import Agreement, Verifier, combine, reanchor
 
 
 @dataclass
@@ -61,6 +62,8 @@ class StageOutcome:
     projected: Tensor | None = None
     violation: Tensor | None = None
     nonfinite_query: Tensor | None = None
+    agreement: Agreement | None = None  # attack-time vs fresh-instance evaluation (harness.verdict)
+    tied: Tensor | None = None  # attempted samples with a tied top logit in some evaluation draw
 
 
 def _merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:
@@ -94,16 +97,35 @@ def _budget_columns(attack: Attack | None, resolved: Resolved | None) -> dict[st
     return {"eps": float(attack.eps), "norm": str(attack.norm), **attack.budget().columns(), **resolved.columns()}
 
 
+def _verified(verifier: Verifier | None, ev: Evaluation, x: Tensor, y: Tensor, *, repeats: int, seed: int,
+              batch_size: int, stochastic: bool) -> tuple[Evaluation, Agreement | None]:
+    """The recorded evaluation: ``ev`` combined with a fresh-instance evaluation of ``x`` (``harness.verdict``),
+    or ``ev`` itself without a verifier (a stage run on its own, as in unit tests)."""
+    if verifier is None:
+        return ev, None
+    fresh = verifier.evaluate(x, y, repeats=repeats, seed=seed, batch_size=batch_size)
+    return combine(ev, fresh, stochastic=stochastic)
+
+
 def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x: Tensor, y: Tensor, robust_before: Tensor, *,
               grad: str | None, eot: int | None, repeats: int, run_seed: int, shard: int, batch_size: int,
-              autocast: str = "none") -> tuple[StageOutcome, dict[str, Any], Evaluation]:
+              autocast: str = "none", probe: GradientProbe | None = None, verifier: Verifier | None = None,
+              anchors: Tensor | None = None,
+              fresh: Callable[[], Defense] | None = None) -> tuple[StageOutcome, dict[str, Any], Evaluation]:
     """Run ``attack`` on the samples of a shard that are ``robust_before``; evaluate its adversarials.
 
+    ``probe``: the first-batch gradient probe (the resolver moves attacks off dead modes); ``verifier``: fresh
+    instances that re-derive the verdict, with ``anchors``, the shard's clean images re-read from the data set
+    (``harness.verdict``); ``fresh``: a new instance for every pass of the attack (a defense that keeps state).
+    The attack gets copies of the inputs, so it cannot move the balls.
     Returns the outcome (for diagnostics), the per-sample record columns of this stage (over
-    the whole shard), and the evaluation of the attempted samples.
+    the whole shard), and the recorded evaluation of the attempted samples.
     """
-    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast)
-    target = Target(defense, resolved.target_grad, resolved.eot)  # type: ignore[arg-type]
+    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast,
+                       probe=probe)
+    if resolved.skip:
+        raise ValueError(f"attack {spec.name!r} must not start: {resolved.skip}")
+    target = Target(defense, resolved.target_grad, resolved.eot, fresh=fresh)  # type: ignore[arg-type]
     threat = ThreatModel(attack.norm, attack.eps, defense.bounds)  # fixed before the attack runs
     check_data_in_bounds(x, defense.bounds, who=f"defense {defense.name!r}")
     idx = robust_before.nonzero().squeeze(1)
@@ -118,7 +140,7 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
             target.eot_chunk = max(1, batch_size // max(1, xc.shape[0]))
             seed = derive_seed(run_seed, shard, stage, SEED_ATTACK, c)
             with seeded(derive_seed(run_seed, shard, stage, SEED_DEFENSE, c), x.device), _autocast(autocast, x.device):
-                parts.append(attack(target, xc, yc, seed=seed))
+                parts.append(attack(target, xc.clone(), yc.clone(), seed=seed))
             sizes.append(xc.shape[0])
         elapsed = time.perf_counter() - t0
         result = _merge_results(parts, sizes) if parts else attack(target, xa, ya, seed=0)
@@ -132,6 +154,11 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
         ev = evaluate(defense, x_adv, ya, repeats, derive_seed(run_seed, shard, stage, SEED_EVAL), batch_size)
         x_adv, ev = _use_witnesses(defense, x_adv, ya, ev, witnesses.has & (ev.correct_frac > 0), witnesses.found,
                                    repeats, derive_seed(run_seed, shard, stage, SEED_EVAL, 1), batch_size)
+    if anchors is not None:
+        x_adv, moved = reanchor(anchors[idx], x_adv, threat)
+        projected, violation = projected | moved, torch.maximum(violation, threat.violation(anchors[idx], x_adv))
+    ev, agreement = _verified(verifier, ev, x_adv, ya, repeats=repeats, batch_size=batch_size,
+                              seed=derive_seed(run_seed, shard, stage, SEED_VERIFY), stochastic=defense.stochastic)
     spent = target.budget.since(before)
     n_att = xa.shape[0]
     n = x.shape[0]
@@ -165,7 +192,7 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
     finite[idx] = ev.finite
     outcome = StageOutcome(stage, spec.name, attack, spec, target, xa, ya, x_adv, result, robust_before, robust_after,
                            finite, defense, shard, derive_seed(run_seed, shard, stage, SEED_ATTACK), threat, projected,
-                           violation, witnesses.has.clone())
+                           violation, witnesses.has.clone(), agreement, ev.tied)
     return outcome, cols, ev
 
 
@@ -200,13 +227,19 @@ def _use_witnesses(defense: Defense, x_adv: Tensor, y: Tensor, ev: Evaluation, c
 
 
 def clean_stage(defense: Defense, x: Tensor, y: Tensor, *, repeats: int, run_seed: int, shard: int,
-                batch_size: int) -> tuple[dict[str, Any], Evaluation]:
-    """Stage 0: evaluate the clean inputs ``repeats`` times."""
+                batch_size: int, verifier: Verifier | None = None,
+                anchors: Tensor | None = None) -> tuple[dict[str, Any], Evaluation, Agreement | None]:
+    """Stage 0: evaluate the clean inputs ``repeats`` times; with a ``verifier``, fresh instances evaluate the
+    clean images re-read from the data set (``anchors``) too (``harness.verdict``). Returns the record columns,
+    the recorded evaluation and how the two evaluations agree (None without a verifier)."""
     check_data_in_bounds(x, defense.bounds, who=f"defense {defense.name!r}")
     t0 = time.perf_counter()
     budget = Budget()
     with counting(defense.networks(), budget):
         ev = evaluate(defense, x, y, repeats, derive_seed(run_seed, shard, 0, SEED_EVAL), batch_size)
+    ev, agreement = _verified(verifier, ev, x if anchors is None else anchors, y, repeats=repeats,
+                              seed=derive_seed(run_seed, shard, 0, SEED_VERIFY), batch_size=batch_size,
+                              stochastic=defense.stochastic)
     n = x.shape[0]
     cols = {"attempted": np.ones(n, bool), "preds": _preds_lists(ev.preds, torch.arange(n), n),
             "correct_all": ev.correct_all.cpu().numpy(), "correct_majority": ev.correct_majority.cpu().numpy(),
@@ -216,22 +249,25 @@ def clean_stage(defense: Defense, x: Tensor, y: Tensor, *, repeats: int, run_see
             **{k: np.full(n, v / max(n, 1)) for k, v in budget.counts().items()},
             "projected": np.zeros(n, bool), "nonfinite_query": np.zeros(n, bool),
             **_budget_columns(None, None), "seed": int(run_seed), "skipped": ""}
-    return cols, ev
+    return cols, ev, agreement
 
 
 def uses_dead_gradient(spec: AttackSpec, attack: Attack, defense: Defense, dead_mode: str, *, grad: str | None,
-                       eot: int | None, autocast: str = "none") -> bool:
+                       eot: int | None, autocast: str = "none", probe: GradientProbe | None = None) -> bool:
     """Whether this stage would follow the gradient mode ``dead_mode`` found dead on its shard
     (:func:`harness.diagnostics.dead_gradient`); gradient-free attacks never do."""
-    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast)
+    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast,
+                       probe=probe)
     return bool(attack.capabilities.uses_gradients) and resolved.grad_mode == dead_mode
 
 
 def skipped_stage(spec: AttackSpec, attack: Attack, defense: Defense, n: int, *, reason: str, grad: str | None,
-                  eot: int | None, run_seed: int, autocast: str = "none") -> dict[str, Any]:
+                  eot: int | None, run_seed: int, autocast: str = "none",
+                  probe: GradientProbe | None = None) -> dict[str, Any]:
     """The record columns of a stage not run on a shard: no sample attempted, ``skipped`` says why, the budget
     columns say what would have run. The cascade carries every sample's state past it unchanged."""
-    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast)
+    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast,
+                       probe=probe)
     zeros, nan = np.zeros(n), np.full(n, np.nan)
     return {"attempted": np.zeros(n, bool), "preds": [[] for _ in range(n)], "correct_all": np.zeros(n, bool),
             "correct_majority": np.zeros(n, bool), "correct_frac": zeros, "finite": np.ones(n, bool),

@@ -40,7 +40,7 @@ import torch
 
 from harness import atomic
 from harness.config import RunConfig, read_config, write_config
-from harness.errors import MissingInputError, UsageError
+from harness.errors import HarnessError, MissingInputError, UsageError
 from harness.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
 from harness.flags import check_codes
 from harness.locks import file_lock
@@ -123,6 +123,21 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RunFormatError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """A record shard's Parquet table; a damaged file (cut short, overwritten) is a :class:`RunFormatError` saying how
+    to recompute it (a resume recomputes exactly the shards whose Parquet file is missing)."""
+    try:
+        return pq.read_table(path, columns=columns)
+    except pa.ArrowException as exc:
+        try:
+            command = "harness certify" if check_format(path.parent.parent) is RunKind.CERTIFY else "harness run"
+        except HarnessError:
+            command = "harness run"
+        raise RunFormatError(f"record shard {str(path)!r} is damaged (truncated or not a Parquet file); delete it and "
+                             f"run the run's `{command}` command again (same arguments): the resume recomputes that "
+                             "shard") from exc
 
 
 def _now() -> str:
@@ -253,7 +268,7 @@ class RunStore:
         """Stage names (in stage order) of a finished shard, read from its Parquet file; None if unfinished."""
         if not self.shard_path(shard).is_file() or not self.shard_path(shard, ".json").is_file():
             return None
-        t = pq.read_table(self.shard_path(shard), columns=["stage", "attack"]).to_pandas()
+        t = read_table(self.shard_path(shard), columns=["stage", "attack"]).to_pandas()
         return list(t.drop_duplicates("stage").sort_values("stage").attack)
 
     def read_side(self, shard: int) -> dict[str, Any]:
@@ -265,7 +280,7 @@ class RunStore:
         return side
 
     def read_shard(self, shard: int) -> pd.DataFrame:
-        return _upgrade(pq.read_table(self.shard_path(shard)).to_pandas())
+        return _upgrade(read_table(self.shard_path(shard)).to_pandas())
 
     def read_records(self, shards: Iterable[int]) -> pd.DataFrame:
         """The records of the given finished shards, concatenated."""
@@ -354,7 +369,7 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     paths = sorted(p for p in records.glob("shard-*.parquet") if keep is None or int(p.stem.split("-")[-1]) < keep)
     if not paths:
         raise MissingInputError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
-    df = _upgrade(pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True))
+    df = _upgrade(pd.concat([read_table(p).to_pandas() for p in paths], ignore_index=True))
     return df.sort_values([c for c in ("index", "stage") if c in df.columns], kind="stable").reset_index(drop=True)
 
 

@@ -1,12 +1,13 @@
 """What an attack sees of a defense: logits and gradients under a gradient mode, batched EOT,
-the passes its networks run (``harness.passes``), and witnesses of non-finite outputs.
+the passes its networks run (``harness.passes``), and witnesses of outputs that give no answer.
 
 Attacks never call the defense directly; they call a :class:`Target`. That is how one
 attack implementation works unchanged for ``full``, ``bpda`` and ``surrogate`` gradients
 and for deterministic or stochastic defenses, and how the harness sees every query:
 
-- every output row is checked (shape, and finiteness). A query where the defense gave no valid
-  answer (NaN/inf) is a successful attack. When the stage has registered the clean batch
+- every output row is checked (shape, finiteness, a single top logit). A query where the defense gave no
+  valid answer (NaN/inf, or a tie for the top logit) is a successful attack, whatever the attack makes of it
+  (a library attack may read a tie as "still correct"). When the stage has registered the clean batch
   (:meth:`Target.watch`), such a query inside a sample's threat-model ball is kept as that
   sample's *witness*; the stage substitutes it for the attack's answer when that answer is not a
   break, and the final evaluation confirms it. This covers every attack, native or third-party.
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from .checks import check_logits
 from .defense import GRAD_MODES, Defense, GradMode
+from .evaluation import predictions
 from .losses import LossFn
 from .passes import Budget, counting
 from .threat import ThreatModel
@@ -36,7 +38,7 @@ BIG = 1e30  # sanitized loss / margin of a non-finite output row: finite, larger
 @dataclass
 class Witnesses:
     """Per clean input (``anchors``), the first queried input inside its threat-model ball at which the
-    defense's output was non-finite (``found``; valid where ``has``)."""
+    defense gave no answer: non-finite or tied top logits (``found``; valid where ``has``)."""
     anchors: Tensor
     threat: ThreatModel
     found: Tensor
@@ -48,7 +50,7 @@ class Witnesses:
         return cls(x, threat, x.clone(), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device))
 
     def record(self, queries: Tensor) -> None:
-        """Map each query (an input with non-finite output) to its nearest clean input, in the threat
+        """Map each query (an input the defense gave no answer for) to its nearest clean input, in the threat
         model's norm, among those still without a witness; keep it if it lies inside that input's ball and
         the bounds (a point inside a sample's ball is a witness for it, whichever sample it was made for)."""
         open_ = (~self.has).nonzero().squeeze(1)
@@ -78,6 +80,8 @@ class Target:
     eot_chunk: int | None = None
     budget: Budget = field(default_factory=Budget)
     witnesses: Witnesses | None = None
+    # a new defense instance for every forward pass (a defense that keeps state: ``harness.preflight``)
+    fresh: Callable[[], Defense] | None = None
 
     def __post_init__(self) -> None:
         if self.grad_mode not in GRAD_MODES:
@@ -98,20 +102,22 @@ class Target:
     def with_options(self, *, grad_mode: GradMode | None = None, eot: int | None = None) -> "Target":
         """A view with another gradient mode or EOT count that shares this target's budget and witnesses."""
         return Target(self.defense, grad_mode or self.grad_mode, eot or self.eot, self.eot_chunk, self.budget,
-                      self.witnesses)
+                      self.witnesses, self.fresh)
 
     def watch(self, x: Tensor, threat: ThreatModel) -> Witnesses:
-        """Collect, from now on, witnesses of non-finite outputs for the clean inputs ``x``."""
+        """Collect, from now on, witnesses of outputs without an answer (NaN/inf, tied top logits) for ``x``."""
         self.witnesses = Witnesses.watch(x, threat)
         return self.witnesses
 
     def _forward(self, x: Tensor, grad_mode: GradMode) -> Tensor:
-        """The one place a target runs the defense: passes counted, output shape checked, witnesses kept."""
-        with counting(self.defense.networks(), self.budget):
-            out = self.defense.logits(x, grad_mode)
+        """The one place a target runs the defense: passes counted, output shape checked, witnesses kept; on a
+        fresh instance per pass when the target has ``fresh``."""
+        model = self.defense if self.fresh is None else self.fresh()
+        with counting(model.networks(), self.budget):
+            out = model.logits(x, grad_mode)
         check_logits(self.defense, x, out)
         if self.witnesses is not None:
-            bad = ~torch.isfinite(out.detach()).all(1)
+            bad = predictions(out) < 0  # non-finite or tied: no answer
             if bool(bad.any()):
                 self.witnesses.record(x.detach()[bad])
         return out
@@ -201,6 +207,16 @@ class _TargetModule(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         t = self.target
-        if t.eot == 1:
-            return t.logits(x)
-        return t._batched(x, t.eot, t.logits)
+        out = t.logits(x) if t.eot == 1 else t._batched(x, t.eot, t.logits)
+        return connected(out, x)
+
+
+def connected(out: Tensor, x: Tensor) -> Tensor:
+    """``out``, joined to the autograd graph of ``x`` with a zero gradient where it had none.
+
+    A defense whose output does not depend on its input under autograd (a JPEG round trip, detached logits)
+    would make a library's ``torch.autograd.grad(loss, x)`` raise ("appears to not have been used in the
+    graph"); joined, the library sees a zero gradient, which the diagnostics flag, instead of crashing."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return out
+    return out + (x * 0).flatten(1).sum(1, keepdim=True)

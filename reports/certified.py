@@ -23,7 +23,7 @@ from harness.certify import BUDGET_FIELDS, CertifyConfig, load_certify_config
 from harness.paired import compare_outcomes
 from harness.stats import headline_interval
 
-from .compare import BudgetMismatchError
+from .compare import BudgetMismatchError, same_run, same_run_line
 from .table import interval_text
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -135,17 +135,20 @@ def certified_compare_text(run_a: Path, run_b: Path, *, radius: float = 0.5, all
                            n_resamples: int = 10_000) -> str:
     """Paired comparison of certified accuracy at ``radius``; refuses mismatched budgets unless allowed."""
     a, b = load_cert_run(run_a), load_cert_run(run_b)
+    xa, xb = certified(a.records, radius), certified(b.records, radius)
+    lines = [f"Comparing certified accuracy at r = {radius:g}:",
+             f"  A = {a.path.name} ({a.label}): {100 * xa.mean():.1f}% of {len(xa)}",
+             f"  B = {b.path.name} ({b.label}): {100 * xb.mean():.1f}% of {len(xb)}"]
+    why = same_run(a.path, b.path)
+    if why:
+        return "\n".join([*lines, same_run_line(why)]) + "\n"
     problems = budget_mismatches(a, b)
     if problems and not allow_mismatch:
         raise BudgetMismatchError("refusing to rank certification runs with different budgets (a smaller N caps the "
                                   "radius any model can certify; see `harness certify-budget`):\n  - "
                                   + "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
-    xa, xb = certified(a.records, radius), certified(b.records, radius)
     cmp = compare_outcomes(xa, xb, confidence=confidence, seed=seed, n_resamples=n_resamples)
     d = cmp.difference
-    lines = [f"Comparing certified accuracy at r = {radius:g}:",
-             f"  A = {a.path.name} ({a.label}): {100 * xa.mean():.1f}% of {len(xa)}",
-             f"  B = {b.path.name} ({b.label}): {100 * xb.mean():.1f}% of {len(xb)}"]
     if problems:
         lines += ["WARNING: budgets differ, so this is NOT a like-for-like ranking:"] + [f"  - {p}" for p in problems]
     else:

@@ -5,8 +5,13 @@ Two runs are ranked only when everything that changes attack strength or scoring
 (:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the attacks'
 autocast precision, the battery (its attacks in order and each entry's options, escalations included)
 and, per attack, the record columns :data:`harness.attack.BUDGET_COLUMNS` (ε, norm, iterations,
-restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples). An attack column is
-compared only between runs of the same mode (cascade: worst case so far; --every-attack: that attack alone).
+restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples). The gradient mode is
+skipped when either run's defense has no purifier (its provenance's ``defense.purifier`` is None): full,
+bpda and surrogate gradients are then one function. An attack column is compared only between runs of the
+same mode (cascade: worst case so far; --every-attack: that attack alone).
+
+A run compared with itself (the same directory, or a copy: :func:`same_run`) differs by exactly 0 on
+identical paired outcomes; that is said instead of an interval.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness import store
 from harness.attack import BUDGET_COLUMNS
 from harness.paired import compare_outcomes
 from harness.planning import discordance_rate, n_for_difference_paired
@@ -74,6 +80,54 @@ def _repeats(run: RunData) -> int:
     return max((len(p) for p in preds if p is not None), default=1)
 
 
+def has_purifier(run: RunData) -> bool | None:
+    """Whether the run's defense has a purifier, from the defense description in its provenance (None: not recorded)."""
+    info = run.provenance.get("defense")
+    return info["purifier"] is not None if isinstance(info, dict) and "purifier" in info else None
+
+
+def _without_purifier(a: RunData, b: RunData) -> list[str]:
+    """Ids of the runs whose defense has no purifier: there the gradient mode changes nothing."""
+    return [run.run_id for run in (a, b) if has_purifier(run) is False]
+
+
+def _grad_mode_note(a: RunData, b: RunData) -> str | None:
+    """Why differing gradient modes were not compared (a defense without purifier), else None."""
+    bare = _without_purifier(a, b)
+    ga = {k: v["grad_mode"] for k, v in _attack_budgets(a).items()}
+    gb = {k: v["grad_mode"] for k, v in _attack_budgets(b).items()}
+    if not bare or ga == gb:
+        return None
+    return (f"Gradient modes differ but are not compared: {' and '.join(bare)} {'has' if len(bare) == 1 else 'have'} "
+            "no purifier, so full, bpda and surrogate gradients are the same function there.")
+
+
+def same_run(run_a: str | Path, run_b: str | Path) -> str | None:
+    """Why ``run_a`` and ``run_b`` are one run, else None: the same directory, or a copy of one (identical
+    result settings, fingerprint and records, timings aside). Their paired outcomes are then identical, so
+    their difference is exactly 0, not an estimate."""
+    da, db = Path(run_a).resolve(), Path(run_b).resolve()
+    if da == db:
+        return "the same directory"
+    kind = store.check_format(da)
+    if store.check_format(db) is not kind:
+        return None
+    if kind is store.RunKind.CERTIFY:
+        from harness.certify import load_certify_config as read
+    else:
+        read = store.load_config
+    if read(da).result_dict() != read(db).result_dict() or \
+            store.load_provenance(da).get("fingerprint") != store.load_provenance(db).get("fingerprint"):
+        return None
+    ra, rb = (store.load_records(p).drop(columns=list(store.TIMING_COLUMNS), errors="ignore") for p in (da, db))
+    return f"{db.name} is a copy of {da.name}: same settings, fingerprint and records" if ra.equals(rb) else None
+
+
+def same_run_line(why: str) -> str:
+    """The plain statement ``harness compare`` prints for one run compared with itself."""
+    return f"A and B are the same run ({why}): the difference is exactly 0; nothing to compare."
+
+
 def budget_mismatches(a: RunData, b: RunData) -> list[str]:
     """Human-readable differences in anything that changes attack strength or scoring (empty when matched)."""
     na, nb = a.run_id, b.run_id
@@ -99,8 +153,9 @@ def budget_mismatches(a: RunData, b: RunData) -> list[str]:
     for name in (k for k in sa if k in sb and k in ea and k in eb and ea[k] != eb[k]):
         problems.append(f"{name}: battery entry {ea[name]} in {na} but {eb[name]} in {nb}")
     ba, bb = _attack_budgets(a), _attack_budgets(b)
+    columns = [c for c in BUDGET_COLUMNS if not (c == "grad_mode" and _without_purifier(a, b))]
     for name in (k for k in sa if k in sb):
-        for col in BUDGET_COLUMNS:
+        for col in columns:
             va, vb = ba[name][col], bb[name][col]
             if va != vb:
                 problems.append(f"{name}: {col} = {va} in {na} but {vb} in {nb}")
@@ -144,9 +199,6 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
             oa.attrs["cumulative"] != ob.attrs["cumulative"]:  # the worst case is the same quantity in both modes
         problems.append(f"{attack} column: {_column_meaning(oa, attack)} in {a.run_id} but "
                         f"{_column_meaning(ob, attack_b)} in {b.run_id}")
-    if problems and not allow_mismatch:
-        raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
-                                  "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
     xa, xb = oa[attack], ob[attack_b]
     c = f"{confidence * 100:g}%"
     what = attack if attack == attack_b else f"{attack} (A) vs {attack_b} (B)"
@@ -156,6 +208,12 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
     lines += [f"WARNING: {key}'s accuracy is only an upper bound (its records skipped samples that still had "
               "correct draws), so this is not a worst-case ranking"
               for key, o, col in (("A", oa, attack), ("B", ob, attack_b)) if o.attrs["upper_bound"][col]]
+    why = same_run(a.path, b.path) if attack == attack_b else None
+    if why:
+        return "\n".join([*lines, same_run_line(why)]) + "\n"
+    if problems and not allow_mismatch:
+        raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
+                                  "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
     for key, run in (("A", a), ("B", b)):
         seq = run.provenance.get("sequential")
         if isinstance(seq, dict):
@@ -170,6 +228,9 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
         lines.append(f"Same run: both columns come from {a.run_id}.")
     else:
         lines.append(f"Budgets matched: {budget_summary(a)}")
+        note = _grad_mode_note(a, b)
+        if note:
+            lines.append(note)
     binary = all(set(x.unique()) <= {0.0, 1.0} for x in (xa, xb))
     if not binary:
         raise ValueError("criterion 'mean' gives fractional outcomes; compare with --criterion all or majority")

@@ -71,9 +71,10 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
 
 def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: str = "cifar10", shards: int = 2,
                         diagnostics: list[dict[str, Any]] | None = None, trace_points: int = 11,
-                        **kwargs: Any) -> Path:
+                        defense_info: dict[str, Any] | None = None, **kwargs: Any) -> Path:
     """Write a complete run directory through :mod:`harness.store` (format, config, provenance, Parquet + JSON
-    shards, diagnostics); return its path. Provenance marks it ``synthetic``."""
+    shards, diagnostics); return its path. Provenance marks it ``synthetic``; ``defense_info`` adds fields of
+    the defense description real runs record (``Defense.describe()``, e.g. ``{"purifier": None}``)."""
     path = Path(run_dir)
     records = synthetic_records(shards=shards, **kwargs)
     clean = records[records["stage"] == 0]
@@ -87,7 +88,8 @@ def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: 
     store = RunStore(path)
     with store.run_lock():
         store.open(cfg, plan=Plan([int(i) for i in clean["index"]], sizes), fingerprint=Fingerprint(),
-                   info={"synthetic": True, "defense": {"name": defense}, "data_source": "synthetic"})
+                   info={"synthetic": True, "defense": {"name": defense, **(defense_info or {})},
+                         "data_source": "synthetic"})
     for s in range(shards):
         part = records[records["shard"] == s].reset_index(drop=True)
         side: dict[str, Any] = {"stages": ["clean", *attacks], "attacks": {}, "diagnostics": []}

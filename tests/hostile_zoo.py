@@ -136,3 +136,150 @@ def builtin_attacks() -> list[str]:
     """Attacks registered by the ``attacks`` package itself (not torchattacks aliases, not the tests' own)."""
     return [n for n in list_attacks() if not n.startswith("torchattacks:")
             and getattr(ATTACKS.get(n), "__module__", "").startswith("attacks.")]
+
+
+# -- defenses that are not a function of each input (tests/test_verdict_zoo.py) ----------------------------------
+# Each wraps a CIFAR-10 classifier (the tests use at-small); ``true_function`` is what each should be measured as.
+FUNCTION_ZOO = ("constant", "zeros-off-grid", "inplace-purifier", "memory", "grad-differs", "jpeg-like")
+
+
+class Constant(nn.Module):
+    """All-equal logits: argmax would say class 0 for every input."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x) * 0
+
+
+class ZerosOffGrid(nn.Module):
+    """The network's logits on the 1/255 pixel grid, all-equal (zero) logits for any perturbed input."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.where(off_grid(x)[:, None], torch.zeros_like(self.net(x)), self.net(x))
+
+
+class InPlaceClamp(nn.Module):
+    """A purifier that clamps its input in place (and returns it)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.clamp_(0.1, 0.9)
+
+
+class Memory(nn.Module):
+    """Remembers every input it has seen and answers the remembered logits for anything within ``radius`` (ℓ∞) of
+    one: the instance the attacks query keeps answering the clean logits."""
+
+    def __init__(self, net: nn.Module, radius: float) -> None:
+        super().__init__()
+        self.net, self.radius = net, radius
+        self.seen: list[tuple[Tensor, Tensor]] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.net(x)
+        rows = []
+        for i in range(x.shape[0]):
+            hit = next((lg for s, lg in self.seen if (s - x[i].detach()).abs().max() <= self.radius), None)
+            if hit is None:
+                self.seen.append((x[i].detach().clone(), out[i].detach().clone()))
+                rows.append(out[i])
+            else:
+                rows.append(hit + 0 * out[i])
+        return torch.stack(rows)
+
+
+class GradDiffers(nn.Module):
+    """The network under ``torch.no_grad`` (evaluation); another, random network when autograd is on (attacks)."""
+
+    def __init__(self, net: nn.Module, decoy: nn.Module) -> None:
+        super().__init__()
+        self.net, self.decoy = net, decoy
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.decoy(x) if torch.is_grad_enabled() else self.net(x)
+
+
+class Detached(nn.Module):
+    """A purifier with no autograd path (like a JPEG round trip): 4-bit quantization computed under no_grad."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            return (x * 15).round() / 15
+
+
+def make_function_zoo(kind: str, net: nn.Module, radius: float = 8 / 255) -> tuple[Defense, "nn.Module"]:
+    """``(defense, true_function)`` around the classifier ``net``: the misbehaving defense and the input -> logits
+    function it stands for (what it should be measured as)."""
+    from conftest import TinyCNN
+
+    if kind == "constant":
+        return Defense(Constant(net), None, num_classes=10, name=kind), Constant(net)
+    if kind == "zeros-off-grid":
+        return Defense(ZerosOffGrid(net), None, num_classes=10, name=kind), ZerosOffGrid(net)
+    if kind == "inplace-purifier":
+        return Defense(net, InPlaceClamp(), num_classes=10, name=kind), nn.Sequential(_Clamp(), net)
+    if kind == "memory":
+        return Defense(Memory(net, radius), None, num_classes=10, name=kind), net
+    if kind == "grad-differs":
+        return Defense(GradDiffers(net, TinyCNN(seed=7).eval()), None, num_classes=10, name=kind), net
+    if kind == "jpeg-like":
+        return Defense(net, Detached(), num_classes=10, name=kind), nn.Sequential(Detached(), net)
+    raise ValueError(kind)
+
+
+class _Clamp(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.clamp(0.1, 0.9)
+
+
+class BatchStats(nn.Module):
+    """A purifier that standardizes by the batch's own mean and spread: a sample's output depends on its batch."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ((x - x.mean(0, keepdim=True)) / (x.std(0, keepdim=True) + 0.1) * 0.1 + 0.5).clamp(0, 1)
+
+
+class Dropped(nn.Module):
+    """The network behind dropout, handed over in training mode."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.drop, self.net = nn.Dropout(0.5), net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(self.drop(x))
+
+
+def true_robust(fn: nn.Module, x: Tensor, y: Tensor, eps: float, *, steps: int = 50, restarts: int = 3,
+                bpda: nn.Module | None = None) -> Tensor:
+    """Ground truth per sample: correct at the clean input and at every iterate of a plain ℓ∞ PGD on the true
+    function (random start, margin loss; ``bpda``: a purifier to pass straight through in the backward pass), plus
+    random sign noise; a tie for the top logit is wrong. Independent of the harness's attacks and evaluation."""
+    def correct(z: Tensor) -> Tensor:
+        with torch.no_grad():
+            out = fn(z.clone())
+        top = out.topk(2, 1).values
+        return (out.argmax(1) == y) & (top[:, 0] > top[:, 1]) & torch.isfinite(out).all(1)
+
+    ok = correct(x)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(restarts):
+        z = (x + eps * (2 * torch.rand(x.shape, generator=g) - 1)).clamp(0, 1)
+        for _ in range(steps):
+            ok &= correct(z)
+            z = z.detach().requires_grad_(True)
+            inner = z if bpda is None else z + (bpda(z.detach()) - z).detach()
+            out = fn[-1](inner) if bpda is not None else fn(inner)
+            true = out.gather(1, y[:, None]).squeeze(1)
+            other = out.masked_fill(nn.functional.one_hot(y, out.shape[1]).bool(), float("-inf")).amax(1)
+            (grad,) = torch.autograd.grad((other - true).sum(), z, allow_unused=True)
+            grad = torch.zeros_like(z) if grad is None else grad
+            z = (x + (z + eps / 4 * grad.sign() - x).clamp(-eps, eps)).clamp(0, 1)
+        ok &= correct(z)
+    return ok

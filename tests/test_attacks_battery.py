@@ -157,6 +157,19 @@ def test_square_scores_queries_over_draws(batch):
     assert t.budget.classifier_forward == round(3 * q * x.shape[0]) + 3 * x.shape[0]
 
 
+@pytest.mark.parametrize("kind,eot,restarts", [("plain", 1, 1), ("plain", 1, 2), ("noise-small", 3, 1)])
+def test_square_trace_is_the_running_accuracy(kind, eot, restarts, batch):
+    """Upstream re-predicts every attacked row after each restart; the trace must not jump back up there:
+    it falls monotonically and ends at the accuracy of the attack's own final evaluation."""
+    x, y = batch
+    res = create_attack("square", eps=0.03, queries=40, restarts=restarts)(Target(make(kind), eot=eot), x, y, seed=0)
+    trace = res.extras["acc_trace"]
+    assert len(trace) >= 10
+    assert all(later <= earlier for earlier, later in zip(trace, trace[1:])), trace
+    assert trace[-1] == pytest.approx((~res.success).float().mean().item())
+    assert trace[0] <= 1.0 and trace[-1] < trace[0]  # at this eps the attack breaks samples as it goes
+
+
 def test_rays_counts_queries_and_is_hard_label(batch):
     x, y = batch
     t = Target(make("scaled"))  # logits x 1e4: useless gradients, but labels are all RayS needs

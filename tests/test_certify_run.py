@@ -108,6 +108,14 @@ def test_compare_refuses_mismatched_budgets(tiny_data_root, tmp_path, capsys):
     assert "NOT a like-for-like ranking" in capsys.readouterr().out
 
 
+def test_compare_with_itself_differs_by_exactly_zero(tiny_data_root, tmp_path, capsys):
+    a = run_certify(_cfg(tiny_data_root, tmp_path / "a"), defense=_defense())
+    assert main(["compare", str(a), str(a)]) == 0
+    out = capsys.readouterr().out
+    assert "A and B are the same run (the same directory): the difference is exactly 0; nothing to compare" in out, out
+    assert "interval" not in out and "Verdict" not in out
+
+
 def test_kinds_are_not_mixed(tiny_data_root, tmp_path, capsys):
     cert = run_certify(_cfg(tiny_data_root, tmp_path / "c"), defense=_defense())
     with pytest.raises(RunFormatError, match="holds a certify run"):

@@ -220,3 +220,33 @@ def test_user_mistakes_in_a_run_are_not_reported_as_internal_errors(factories, t
 def test_plan_of_two_equal_accuracies_is_a_user_error(capsys):
     line = _one_line_error(*_main(["plan", "--a", "62", "--b", "62"], capsys)[::2])
     assert "zero difference" in line and "-v" not in line, line
+
+
+def test_bad_option_in_a_battery_file_names_the_file_and_entry(factories, tiny_data_root, tmp_path, capsys):
+    """A battery file whose entry has a rejected option: one line naming the file, the entry and what is accepted."""
+    battery = tmp_path / "battery.toml"
+    battery.write_text('[[attacks]]\nname = "p"\nattack = "pgd"\noptions = {steps = -3}\n')
+    code, err = _run(["--defense", f"{factories}:make", "--attacks", str(battery), "--n", "2"], tiny_data_root,
+                     tmp_path, capsys)
+    line = _one_line_error(code, err)
+    assert f"battery file {str(battery)!r}, entry 'p' (attack 'pgd'): steps must be >= 0" in line, line
+    assert "got steps=-3" in line and "-v" not in line, line
+    assert not (tmp_path / "runs").exists()  # refused before anything ran
+    # the same option given on the command line: one line naming the attack, not an internal error
+    code, err = _run(["--defense", f"{factories}:make", "--attacks", "pgd", "--attack-opt", "steps=-3", "--n", "2"],
+                     tiny_data_root, tmp_path, capsys)
+    line = _one_line_error(code, err)
+    assert "attack 'pgd': steps must be >= 0" in line and "-v" not in line, line
+
+
+def test_truncated_shard_is_named_with_what_to_do(run_dir, tmp_path, capsys):
+    """A Parquet shard cut short (a disk filled up, a copy interrupted): name it, say it is damaged, say how to redo it."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shard = copy / "records" / "shard-00000.parquet"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    line = _one_line_error(*_main(["report", str(copy)], capsys)[::2])
+    assert str(shard) in line and "damaged" in line and "delete" in line and "harness run" in line, line
+    assert "ArrowInvalid" not in line and "-v" not in line, line

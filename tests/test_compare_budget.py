@@ -102,3 +102,42 @@ def test_autocast_and_column_meaning_are_compared(run_a: Path, tmp_path: Path, c
     assert main(["compare", str(run_a), str(alone), "--attack", "square", "--resamples", "1000"]) == 3
     assert ("square column: the worst case up to square (cascade) in a but square alone (--every-attack) in alone"
             in capsys.readouterr().err)
+
+
+def test_a_run_compared_with_itself_or_a_copy_differs_by_exactly_zero(run_a: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """A run against itself (or against a copy of its directory) has identical paired outcomes: the difference is
+    exactly 0, not an estimate, so no interval or test is shown. Two attacks of one run are still compared."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_a, copy)
+    for b in (run_a, copy):
+        assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 0
+        out = capsys.readouterr().out
+        assert "A and B are the same run" in out and "the difference is exactly 0; nothing to compare" in out, out
+        assert "interval" not in out and "McNemar" not in out and "Verdict" not in out, out
+    assert main(["compare", str(run_a), str(run_a), "--attack", "pgd", "--attack-b", "square",
+                 "--resamples", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "Same run: both columns come from a." in out and "interval" in out and "same run" not in out
+
+
+def test_gradient_mode_is_not_compared_for_a_defense_without_purifier(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """Without a purifier full, bpda and surrogate gradients are one function: a purifier run attacked with BPDA ranks
+    against its bare classifier attacked with full gradients. Between two purifier runs the mode still counts, and
+    every other budget setting is still compared."""
+    purifier = {"purifier": "BitDepth"}
+    bpda = write_synthetic_run(tmp_path / "bpda", defense="bits", defense_info=purifier, **{**BASE, "grad_mode": "bpda"})
+    bare = write_synthetic_run(tmp_path / "bare", defense_info={"purifier": None}, **BASE)
+    assert main(["compare", str(bpda), str(bare), "--resamples", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "Budgets matched" in out and "bare has no purifier" in out, out
+    full = write_synthetic_run(tmp_path / "full", defense="bits", defense_info=purifier, **BASE)
+    assert main(["compare", str(bpda), str(full), "--resamples", "1000"]) == 3
+    assert "pgd: grad_mode = bpda in bpda but full in full" in capsys.readouterr().err
+    small = write_synthetic_run(tmp_path / "small", defense_info={"purifier": None}, **{**BASE, "eps": 4 / 255})
+    assert main(["compare", str(bpda), str(small), "--resamples", "1000"]) == 3
+    err = capsys.readouterr().err
+    assert "pgd: eps = " in err and "grad_mode" not in err, err

@@ -1,6 +1,8 @@
 """No wasted attacks: once a stage finds its gradient mode dead on a shard (zero or non-finite on every probed
 sample it failed on), later battery stages in that mode are skipped there and recorded as skipped; the
-escalation still runs and the verdict is the same as with every stage run."""
+escalation still runs and the verdict is the same as with every stage run. (These runs switch the first-batch
+gradient probe off, which would otherwise move every attack off the dead mode before it starts:
+tests/test_verdict_zoo.py.)"""
 from __future__ import annotations
 
 import json
@@ -28,7 +30,7 @@ BATTERY = "pgd,apgd-ce,square,apgd-dlr"  # after pgd: gradient stages in the sam
 
 def _cfg(root, out, **kw) -> RunConfig:
     base = dict(defense="tiny-bits", data_root=str(root), out=str(out), n=48, seed=3, attacks=BATTERY, eps=0.25,
-                shard_size=16, batch_size=16, eval_repeats=1, device="cpu", quiet=True,
+                shard_size=16, batch_size=16, eval_repeats=1, device="cpu", quiet=True, probe_gradients=False,
                 attack_opts={"pgd.steps": 5, "apgd-ce.steps": 5, "apgd-dlr.steps": 5, "square.queries": 20})
     base.update(kw)
     return RunConfig(**base)

@@ -142,7 +142,7 @@ def test_every_attack_runs_the_resolved_eot_and_gradient_mode(name):
 def test_clean_stage_counts_every_evaluation_repeat():
     x, y = attack_batch(5)
     d, cls, den = counted_defense()
-    cols, _ = clean_stage(d, x, y, repeats=3, run_seed=0, shard=0, batch_size=4)
+    cols, _, _ = clean_stage(d, x, y, repeats=3, run_seed=0, shard=0, batch_size=4)
     assert cols["classifier_forward"].sum() == pytest.approx(15) and cols["purifier_forward"].sum() == pytest.approx(30)
     assert seen(cls, den) == {"classifier_forward": 15, "classifier_backward": 0, "purifier_forward": 30,
                               "purifier_backward": 0}

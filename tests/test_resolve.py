@@ -123,14 +123,15 @@ def test_default_battery_is_rand_for_stochastic_and_standard_otherwise(tiny_data
         cfg, *_ = runner.prepare(_cfg(tiny_data_root, tmp_path), defense=_noisy())
     assert cfg.attacks == "rand" and [s["attack"] for s in cfg.battery] == ["apgd-ce", "apgd-dlr"]
     assert "using the 'rand' battery" in caplog.text
-    assert "apgd-ce: grad full (default), EOT 20 (default)" in caplog.text
     det, *_ = runner.prepare(_cfg(tiny_data_root, tmp_path, defense="tiny"),
                              defense=Defense(TinyCNN().eval(), None, num_classes=10, name="tiny"))
     assert det.attacks == "standard"
     # a named battery is kept, and the resolved name is what config.toml records
     named, *_ = runner.prepare(_cfg(tiny_data_root, tmp_path, attacks="quick"), defense=_noisy())
     assert named.attacks == "quick"
-    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, attack_opts={"steps": 1}), defense=_noisy())
+    with caplog.at_level(logging.INFO, logger="harness"):  # what each entry runs with: logged after the preflight
+        run_dir = runner.run(_cfg(tiny_data_root, tmp_path, attack_opts={"steps": 1}), defense=_noisy())
+    assert "apgd-ce: grad full (default), EOT 20 (default)" in caplog.text
     assert load_config(run_dir).attacks == "rand"
 
 

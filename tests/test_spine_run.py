@@ -143,7 +143,9 @@ def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path
     def quantized() -> Defense:
         return Defense(TinyCNN().eval(), BitDepthReduction(3), num_classes=10, name="tiny-bits")
 
-    cfg = dict(defense="tiny-bits", attacks="pgd", eps=0.25, eot=1, eval_repeats=1, attack_opts={"steps": 5})
+    # without the first-batch gradient probe, so PGD starts in the dead full mode and its flags escalate
+    cfg = dict(defense="tiny-bits", attacks="pgd", eps=0.25, eot=1, eval_repeats=1, attack_opts={"steps": 5},
+               probe_gradients=False)
     ref_dir = runner.run(_cfg(tiny_data_root, tmp_path / "a", **cfg), defense=quantized())
     escalations = read_config(ref_dir / "config.toml").escalations
     names = [e["name"] for e in escalations]

@@ -44,6 +44,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-skip-dead-gradients", dest="skip_dead_gradients", action="store_false", default=None,
                    help="run every battery stage even after its gradient mode was found dead (zero or non-finite on "
                         "every probed sample); by default such stages are skipped and recorded as skipped")
+    p.add_argument("--no-gradient-probe", dest="probe_gradients", action="store_false", default=None,
+                   help="do not probe the gradient modes on the first batch: every attack runs in the mode it resolves "
+                        "to, even one that gives no gradient (reproduces runs made before the probe existed)")
+    p.add_argument("--module-mode", choices=["eval", "train"],
+                   help="modules the defense hands over in training mode: eval (dropout off, BatchNorm running "
+                        "statistics) or train (as handed over) [default: eval when that changes no output, else the "
+                        "run is refused until you say]")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N [default: auto]")
     p.add_argument("--autocast", choices=["none", "bf16"], help="bfloat16 autocast during attacks (CUDA or CPU; attacks that do not support it are refused) [default: none]")
     p.add_argument("--channels-last", action="store_true", default=None,
@@ -96,7 +103,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         except ValueError:
             raise UsageError(f"--n must be 'all' or a positive integer, got {args.n!r}") from None
     overrides = {k: getattr(args, k) for k in ("defense", "attacks", "seed", "dataset", "data_root", "download", "eps",
-                                                "norm", "grad", "eot", "eval_repeats", "every_attack", "escalate", "skip_dead_gradients",
+                                                "norm", "grad", "eot", "eval_repeats", "every_attack", "escalate", "skip_dead_gradients", "probe_gradients", "module_mode",
                                                 "device",
                                                 "autocast", "channels_last", "compile", "batch_size", "shard_size", "out", "run_id",
                                                 "save_adversarials", "quiet", "until", "against")}
