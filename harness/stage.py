@@ -151,12 +151,14 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
         violation = threat.violation(xa, answer)
         projected = ~threat.contains(xa, answer)
         x_adv = threat.project(xa, answer)  # the harness enforces the threat model, not the attack
+        found = witnesses.found
+        if anchors is not None:  # and against the clean images as read from the data set, not as held in memory
+            violation = torch.maximum(violation, threat.violation(anchors[idx], answer))
+            x_adv, moved = reanchor(anchors[idx], x_adv, threat)
+            found, projected = reanchor(anchors[idx], found, threat)[0], projected | moved
         ev = evaluate(defense, x_adv, ya, repeats, derive_seed(run_seed, shard, stage, SEED_EVAL), batch_size)
-        x_adv, ev = _use_witnesses(defense, x_adv, ya, ev, witnesses.has & (ev.correct_frac > 0), witnesses.found,
+        x_adv, ev = _use_witnesses(defense, x_adv, ya, ev, witnesses.has & (ev.correct_frac > 0), found,
                                    repeats, derive_seed(run_seed, shard, stage, SEED_EVAL, 1), batch_size)
-    if anchors is not None:
-        x_adv, moved = reanchor(anchors[idx], x_adv, threat)
-        projected, violation = projected | moved, torch.maximum(violation, threat.violation(anchors[idx], x_adv))
     ev, agreement = _verified(verifier, ev, x_adv, ya, repeats=repeats, batch_size=batch_size,
                               seed=derive_seed(run_seed, shard, stage, SEED_VERIFY), stochastic=defense.stochastic)
     spent = target.budget.since(before)

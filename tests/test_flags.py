@@ -54,3 +54,18 @@ def test_loading_a_run_with_an_unknown_code_is_an_error(tmp_path: Path):
     (run / "diagnostics.json").write_text(json.dumps([{"code": "los-flat", "attack": "pgd"}]))
     with pytest.raises(ValueError, match=r"diagnostics.json'?: unknown diagnostic code 'los-flat'"):
         load_run(run)
+
+
+def test_gradient_flags_without_another_gradient_path_escalate_to_gradient_free_attacks():
+    """Without a purifier (or once BPDA already ran) a masked gradient has no other gradient mode to turn to: the
+    escalation adds Square and RayS, not only APGD-DLR in the same mode."""
+    spec = AttackSpec("pgd", "pgd", {"steps": 5})
+    for has_purifier, grad_mode in ((False, "full"), (True, "bpda")):
+        kw = dict(spec=spec, attack=spec.build(0.1, "Linf"), has_purifier=has_purifier, grad_mode=grad_mode,
+                  stochastic=False, has_aux=False)
+        for code in (FlagCode.ZERO_GRAD, FlagCode.MASKING_LARGE_EPS, FlagCode.NONFINITE_GRAD):
+            names = [s["name"] for s in escalation.rules(code, **kw)]
+            assert {"esc-apgd-dlr", "esc-square", "esc-rays"} <= set(names), (code, has_purifier, names)
+    # the first-batch findings that only query-based attacks can answer
+    for code in (FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT, FlagCode.GRAD_CHANGES_OUTPUT):
+        assert [s["name"] for s in escalation.rules(code, **kw)] == ["esc-square", "esc-rays"]

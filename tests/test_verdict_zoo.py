@@ -12,6 +12,7 @@ import torch
 
 import harness.runner as runner
 from conftest import TinyCNN
+from harness.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.config import RunConfig
 from harness.data import load_test_set
 from harness.defense import Defense
@@ -145,3 +146,28 @@ def test_a_purifier_without_effect_in_training_mode_is_not_refused(tiny_data_roo
     defense = Defense(TinyCNN().eval(), Detached().train(), num_classes=10, name="q")  # nothing mode-dependent
     run_dir = runner.run(_cfg(tiny_data_root, tmp_path, attacks="quick", escalate=False), defense=defense)
     assert load_provenance(run_dir)["preflight"]["module_mode"] == "eval"
+
+
+@register_attack("test-edits-its-input")
+class EditsItsInput(Attack):
+    """A user's attack that shifts the images it was handed in place and answers them: an evaluation that hands the
+    attack its own stored clean images would then measure the ball around the shifted ones."""
+
+    name = "test-edits-its-input"
+    capabilities = Capabilities(uses_gradients=False, supports_eot=False)
+
+    def run(self, target, x, y, *, seed):
+        x.add_(0.25).clamp_(0, 1)
+        return AttackResult(x, torch.zeros(len(y), dtype=torch.bool))
+
+
+def test_an_attack_that_edits_its_input_cannot_move_the_ball(cifar_root, tmp_path, at_small):
+    run_dir = runner.run(_cfg(cifar_root, tmp_path, attacks="test-edits-its-input", save_adversarials=True,
+                              escalate=False), defense=Defense(at_small, None, num_classes=10, name="at-small"))
+    x, _ = _clean(cifar_root, run_dir)
+    adv = RunStore(run_dir).read_adversarials(0)["x_adv"]["test-edits-its-input"]
+    assert float((adv - x).abs().max()) <= EPS + 1e-6  # projected into the real image's ball
+    recs = load_records(run_dir)
+    row = recs[recs.attack == "test-edits-its-input"]
+    assert row.projected[row.attempted].all() and (row.linf[row.attempted] <= EPS + 1e-6).all()
+    assert "threat-model-violation" in {f["code"] for f in load_diagnostics(run_dir)}
