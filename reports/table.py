@@ -171,6 +171,12 @@ def columns_note(table: Table) -> str:
         text += f"; for {', '.join(alone)} (run with --every-attack) against that attack alone"
     text += "."
     for row in table.rows:
+        gradients = (row.run.provenance.get("preflight") or {}).get("gradients") or {}
+        if gradients.get("dead"):
+            live = gradients.get("live") or []
+            text += (f" {row.label}: {', '.join(gradients['dead'])}-mode gradients do not reach the input (first-batch "
+                     "probe), so " + (f"its gradient attacks ran in {live[0]} mode." if live else
+                                      "its gradient attacks were not run: gradient-free attacks only."))
         seq = row.run.provenance.get("sequential")
         if isinstance(seq, dict):
             text += (f" {row.label} was evaluated sequentially (--until {seq['rule']}) and "

@@ -91,6 +91,10 @@ def test_jpeg_like_purifier_probes_modes_and_never_starts_a_dead_one(at_small, c
     gradient_stages = recs[recs.attack.isin(["apgd-ce", "apgd-t", "fab-t"])]
     assert (gradient_stages.grad_mode == "bpda").all() and (gradient_stages.grad_source == "probe").all()
     assert "esc-square" in set(recs.attack)  # a dead mode adds gradient-free attacks
+    from reports import render
+
+    assert "full-mode gradients do not reach the input (first-batch probe), so its gradient attacks ran in bpda" \
+        in render([run_dir])  # the report says which mode the attacks used, and why
 
 
 def test_detached_logits_get_a_verdict_from_gradient_free_attacks(at_small, cifar_root, tmp_path):
