@@ -4,9 +4,9 @@ instead of producing a plausible number.
 - :func:`check_logits`: outputs of shape ``(N, num_classes)`` and floating dtype (every forward
   pass the harness runs: ``harness.target`` and ``harness.evaluation`` call it);
 - :func:`check_purified`: a purifier returns images of its input's shape (every purification);
-- :func:`first_batch`, run by the runner once before any shard: the bounds contain the data, the
-  checks above on real data, and a defense declared deterministic gives the same outputs in two
-  identical forward passes (else it hides randomness and must be declared ``stochastic=True``).
+- :func:`check_deterministic`: a defense declared deterministic gives the same outputs in two identical
+  forward passes (else it hides randomness and must be declared ``stochastic=True``); one of the first-batch
+  checks of :mod:`harness.preflight`, which runs all of them before any work.
 """
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ from torch import Tensor
 
 from harness.errors import UsageError
 from harness.seeding import seeded
-from harness.threat import check_data_in_bounds
 
 if TYPE_CHECKING:
     from harness.defense import Defense
 
 DETERMINISM_RTOL = 1e-4  # relative difference two identical passes may show (non-deterministic GPU kernels)
-PROBE = 16  # samples of the first batch the checks use
 
 
 def _name(defense: Any) -> str:
@@ -72,14 +70,3 @@ def check_deterministic(defense: "Defense", x: Tensor, seed: int) -> None:
         raise UsageError(f"defense {_name(defense)} is declared deterministic but two identical forward passes on the "
                          f"same {x.shape[0]} input(s) gave different outputs (max difference {diff:.3g}): it draws "
                          "randomness. Declare it Defense(stochastic=True) so the harness uses EOT and repeated evaluation")
-
-
-def first_batch(defense: "Defense", x: Tensor, *, seed: int) -> None:
-    """All checks on the first inputs of a run, before any work (inside a forked RNG: nothing leaks)."""
-    check_data_in_bounds(x, defense.bounds, who=f"defense {_name(defense)}")
-    x = x[:PROBE]
-    if x.shape[0] == 0:
-        return
-    with torch.no_grad(), seeded(seed, x.device):
-        check_logits(defense, x, defense.logits(x, "full"))  # Defense.purify checks the purifier's output
-    check_deterministic(defense, x, seed)

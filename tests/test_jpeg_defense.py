@@ -9,10 +9,10 @@ import torch
 
 import defenses  # noqa: F401  (registers the built-in defenses)
 from defenses.jpeg import JpegCompression
-from harness.checks import first_batch
 from harness.data import load_test_set
 from harness.defense import create_defense
 from harness.errors import UsageError
+from harness.preflight import preflight
 from harness.registry import RegistryError
 
 
@@ -91,4 +91,6 @@ def test_create_defense_by_name(images: torch.Tensor) -> None:
     with torch.no_grad():
         logits = d(images)
     assert logits.shape == (4, 10) and torch.isfinite(logits).all()
-    first_batch(d, images, seed=0)  # the runner's checks: in bounds, shapes, declared deterministic
+    y = logits.argmax(1)
+    found = preflight(d, images, y, seed=0, eps=8 / 255, norm="Linf", batch_size=4)  # the runner's first-batch checks
+    assert found.probe.live == ("bpda",) and [m for m, _ in found.probe.dead] == ["full"]  # JPEG has no gradient
