@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 DETERMINISM_RTOL = 1e-4  # relative difference two identical passes may show (non-deterministic GPU kernels)
 
 
-def _name(defense: Any) -> str:
+def defense_name(defense: Any) -> str:
+    """The defense's name as error messages quote it."""
     return repr(getattr(defense, "name", type(defense).__name__))
 
 
@@ -32,25 +33,26 @@ def check_logits(defense: "Defense", x: Tensor, out: Any) -> None:
     """Raise unless ``out`` is a floating tensor of shape ``(len(x), defense.num_classes)``."""
     n, k = x.shape[0], defense.num_classes
     if not isinstance(out, Tensor):
-        raise TypeError(f"defense {_name(defense)}: the classifier returned {type(out).__name__}; expected a tensor of "
+        raise TypeError(f"defense {defense_name(defense)}: the classifier returned {type(out).__name__}; expected a tensor of "
                         f"logits of shape (N, num_classes) = ({n}, {k})")
     if out.dim() != 2 or out.shape[0] != n or out.shape[1] != k:
-        raise UsageError(f"defense {_name(defense)} returned outputs of shape {tuple(out.shape)} for {n} input(s) of shape "
+        raise UsageError(f"defense {defense_name(defense)} returned outputs of shape {tuple(out.shape)} for {n} input(s) of shape "
                          f"{tuple(x.shape[1:])}; expected (N, num_classes) = ({n}, {k}). Fix the classifier's output "
                          "layer or declare the right Defense(num_classes=...)")
     if not out.is_floating_point():
-        raise UsageError(f"defense {_name(defense)} returned outputs of dtype {out.dtype}; logits must be floating point")
+        raise UsageError(f"defense {defense_name(defense)} returned outputs of dtype {out.dtype}; logits must be floating point")
 
 
 def check_purified(defense: "Defense", x: Tensor, z: Any) -> None:
     """Raise unless the purifier's output ``z`` is a tensor with the shape of its input ``x``."""
     if not isinstance(z, Tensor) or z.shape != x.shape:
         got = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
-        raise UsageError(f"defense {_name(defense)}: the purifier changed the input's shape from {tuple(x.shape)} to "
+        raise UsageError(f"defense {defense_name(defense)}: the purifier changed the input's shape from {tuple(x.shape)} to "
                          f"{got}; a purifier must return images of its input's shape")
 
 
-def _same(a: Tensor, b: Tensor) -> bool:
+def same_outputs(a: Tensor, b: Tensor) -> bool:
+    """Equal non-finite pattern, and finite entries within ``DETERMINISM_RTOL`` of the largest one."""
     if not torch.equal(torch.isfinite(a), torch.isfinite(b)):
         return False
     fa, fb = a[torch.isfinite(a)].double(), b[torch.isfinite(b)].double()
@@ -65,8 +67,8 @@ def check_deterministic(defense: "Defense", x: Tensor, seed: int) -> None:
     with torch.no_grad(), seeded(seed, x.device):
         first = defense.logits(x, "full").float()
         second = defense.logits(x, "full").float()
-    if not _same(first, second):
+    if not same_outputs(first, second):
         diff = (torch.nan_to_num(first) - torch.nan_to_num(second)).abs().max().item()
-        raise UsageError(f"defense {_name(defense)} is declared deterministic but two identical forward passes on the "
+        raise UsageError(f"defense {defense_name(defense)} is declared deterministic but two identical forward passes on the "
                          f"same {x.shape[0]} input(s) gave different outputs (max difference {diff:.3g}): it draws "
                          "randomness. Declare it Defense(stochastic=True) so the harness uses EOT and repeated evaluation")

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from harness import escalation
-from harness.checks import _name, _same, check_deterministic, check_logits
+from harness.checks import check_deterministic, check_logits, defense_name, same_outputs
 from harness.defense import Defense
 from harness.errors import UsageError
 from harness.evaluation import TIED, predictions
@@ -106,10 +106,10 @@ def place_modules(defense: Defense, x: Tensor, *, seed: int, module_mode: str | 
             a = given.logits(x, "full").float()
         with torch.no_grad(), seeded(seed, x.device):
             b = evaluated.logits(x, "full").float()
-        if not _same(a, b):
+        if not same_outputs(a, b):
             diff = (torch.nan_to_num(a) - torch.nan_to_num(b)).abs().max().item()
             shown = ", ".join(f"{n} ({type(defense.get_submodule(n)).__name__})" for n in names[:4])
-            raise UsageError(f"defense {_name(defense)} was handed over with {len(names)} module(s) in training mode "
+            raise UsageError(f"defense {defense_name(defense)} was handed over with {len(names)} module(s) in training mode "
                              f"({shown}{', ...' if len(names) > 4 else ''}) and its outputs change in eval mode (max "
                              f"difference {diff:.3g}); say which model you mean: --module-mode eval (dropout off, "
                              "BatchNorm running statistics: the usual evaluation) or --module-mode train (as handed "
@@ -149,7 +149,7 @@ def _batch_dependence(defense: Defense, x: Tensor, seed: int) -> float:
         flipped = defense.logits(x.flip(0), "full").float().flip(0)
     worst = 0.0
     for other in (alone, flipped):
-        if not _same(whole, other):
+        if not same_outputs(whole, other):
             worst = max(worst, (torch.nan_to_num(whole) - torch.nan_to_num(other)).abs().max().item(), 1e-30)
     return worst
 
@@ -169,7 +169,7 @@ def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm
             after = seen.logits(points, "full").float()
         with seeded(seed, x.device):
             new = fresh().logits(points, "full").float()
-    return 0.0 if _same(after, new) else max((torch.nan_to_num(after) - torch.nan_to_num(new)).abs().max().item(), 1e-30)
+    return 0.0 if same_outputs(after, new) else max((torch.nan_to_num(after) - torch.nan_to_num(new)).abs().max().item(), 1e-30)
 
 
 def _near(x: Tensor, bounds: tuple[float, float], eps: float, norm: str, seed: int) -> Tensor:
@@ -188,7 +188,7 @@ def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
         off = defense.logits(x, "full").float()
     with torch.enable_grad(), seeded(seed, x.device):
         on = defense.logits(x.clone().requires_grad_(True), "full").detach().float()
-    return 0.0 if _same(off, on) else max((torch.nan_to_num(off) - torch.nan_to_num(on)).abs().max().item(), 1e-30)
+    return 0.0 if same_outputs(off, on) else max((torch.nan_to_num(off) - torch.nan_to_num(on)).abs().max().item(), 1e-30)
 
 
 def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
@@ -224,7 +224,7 @@ def preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, 
 
 def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
                module_mode: str | None, gradients: bool, fresh: Callable[[], Defense] | None) -> Preflight:
-    check_data_in_bounds(x, defense.bounds, who=f"defense {_name(defense)}")
+    check_data_in_bounds(x, defense.bounds, who=f"defense {defense_name(defense)}")
     x, y = x[:PROBE], y[:PROBE]
     if x.shape[0] == 0:
         return Preflight(GradientProbe(offered_modes(defense)))
@@ -255,7 +255,7 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float,
     if not defense.stochastic and batch_size > 1 and x.shape[0] > 1:
         diff = _batch_dependence(defense, x, seed)
         if diff > 0:
-            raise UsageError(f"defense {_name(defense)}: the output for a sample depends on the other samples in its "
+            raise UsageError(f"defense {defense_name(defense)}: the output for a sample depends on the other samples in its "
                              f"batch (alone or in another order, max logit difference {diff:.3g}): it uses batch "
                              "statistics, so results would depend on --batch-size; fix the defense (e.g. BatchNorm in "
                              "eval mode), or evaluate each sample alone with --batch-size 1")
