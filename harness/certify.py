@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,21 @@ def load_certify_config(path: str | Path) -> CertifyConfig:
     return CertifyConfig(**data)
 
 
+def check_base_classifier(defense: Defense, sigma: float) -> None:
+    """Refuse a base classifier that declares (``provenance["smoothing"]``, e.g. ``diffusion-smoothing``) another noise
+    level than ``--sigma`` or that adds noise itself: certify adds N(0, σ²I) to its input, and the defense cannot see σ."""
+    declared = (getattr(defense, "provenance", None) or {}).get("smoothing")
+    if not isinstance(declared, dict):
+        return
+    if declared.get("noise"):
+        raise ConfigError(f"defense {defense.name!r} adds its own noise (noise=true) but harness certify adds the noise "
+                          "itself; drop --defense-opt noise=true")
+    own = declared.get("sigma")
+    if own is not None and not math.isclose(float(own), float(sigma), rel_tol=1e-9):
+        raise ConfigError(f"defense {defense.name!r} is built for noise sigma={float(own):g} but --sigma is {sigma:g}; "
+                          f"pass --defense-opt sigma={sigma:g} (or --sigma {float(own):g})")
+
+
 def _certify_one(defense: Defense, x: torch.Tensor, cfg: CertifyConfig, index: int) -> tuple[Any, float]:
     gen = torch.Generator(device=x.device).manual_seed(derive_seed(cfg.seed, index, 0, SEED_NOISE))
     t0 = time.perf_counter()
@@ -131,6 +147,7 @@ def _records(defense: Defense, x: torch.Tensor, y: torch.Tensor, indices: list[i
 def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_resume: bool = False) -> Path:
     """Certify the ``cfg.n`` selected test samples; returns the run directory (resumes an existing one)."""
     defense = defense if defense is not None else create_defense(cfg.defense, **cfg.defense_opts)
+    check_base_classifier(defense, cfg.sigma)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
     indices = select_indices(len(data), cfg.n, cfg.seed)
     device = resolve_device(cfg.device)
@@ -175,6 +192,7 @@ def latency(cfg: CertifyConfig, *, samples: int = 5, warmup: int = 1) -> dict[st
     """Seconds per certified sample (CERTIFY with n0 + N draws) by a stated protocol: ``warmup`` samples
     certified and discarded, then ``samples`` timed one by one; nothing is stored."""
     defense = create_defense(cfg.defense, **cfg.defense_opts)
+    check_base_classifier(defense, cfg.sigma)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
     device = resolve_device(cfg.device)
     defense = defense.to(device).eval()
