@@ -51,6 +51,13 @@ def check_purified(defense: "Defense", x: Tensor, z: Any) -> None:
                          f"{got}; a purifier must return images of its input's shape")
 
 
+def output_difference(a: Tensor, b: Tensor) -> float:
+    """0 when :func:`same_outputs`, else the largest difference between the outputs (at least 1e-30)."""
+    if same_outputs(a, b):
+        return 0.0
+    return max((torch.nan_to_num(a.float()) - torch.nan_to_num(b.float())).abs().max().item(), 1e-30)
+
+
 def same_outputs(a: Tensor, b: Tensor) -> bool:
     """Equal non-finite pattern, and finite entries within ``DETERMINISM_RTOL`` of the largest one."""
     if not torch.equal(torch.isfinite(a), torch.isfinite(b)):
@@ -67,8 +74,8 @@ def check_deterministic(defense: "Defense", x: Tensor, seed: int) -> None:
     with torch.no_grad(), seeded(seed, x.device):
         first = defense.logits(x, "full").float()
         second = defense.logits(x, "full").float()
-    if not same_outputs(first, second):
-        diff = (torch.nan_to_num(first) - torch.nan_to_num(second)).abs().max().item()
+    diff = output_difference(first, second)
+    if diff:
         raise UsageError(f"defense {defense_name(defense)} is declared deterministic but two identical forward passes on the "
                          f"same {x.shape[0]} input(s) gave different outputs (max difference {diff:.3g}): it draws "
                          "randomness. Declare it Defense(stochastic=True) so the harness uses EOT and repeated evaluation")

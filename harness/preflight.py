@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from harness import escalation
-from harness.checks import check_deterministic, check_logits, defense_name, same_outputs
+from harness.checks import check_deterministic, check_logits, defense_name, output_difference
 from harness.defense import Defense
 from harness.errors import UsageError
 from harness.evaluation import TIED, predictions
@@ -106,8 +106,8 @@ def place_modules(defense: Defense, x: Tensor, *, seed: int, module_mode: str | 
             a = given.logits(x, "full").float()
         with torch.no_grad(), seeded(seed, x.device):
             b = evaluated.logits(x, "full").float()
-        if not same_outputs(a, b):
-            diff = (torch.nan_to_num(a) - torch.nan_to_num(b)).abs().max().item()
+        diff = output_difference(a, b)
+        if diff:
             shown = ", ".join(f"{n} ({type(defense.get_submodule(n)).__name__})" for n in names[:4])
             raise UsageError(f"defense {defense_name(defense)} was handed over with {len(names)} module(s) in training mode "
                              f"({shown}{', ...' if len(names) > 4 else ''}) and its outputs change in eval mode (max "
@@ -147,11 +147,7 @@ def _batch_dependence(defense: Defense, x: Tensor, seed: int) -> float:
         whole = defense.logits(x, "full").float()
         alone = torch.cat([defense.logits(x[i:i + 1], "full").float() for i in range(x.shape[0])])
         flipped = defense.logits(x.flip(0), "full").float().flip(0)
-    worst = 0.0
-    for other in (alone, flipped):
-        if not same_outputs(whole, other):
-            worst = max(worst, (torch.nan_to_num(whole) - torch.nan_to_num(other)).abs().max().item(), 1e-30)
-    return worst
+    return max(output_difference(whole, alone), output_difference(whole, flipped))
 
 
 def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm: str,
@@ -169,7 +165,7 @@ def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm
             after = seen.logits(points, "full").float()
         with seeded(seed, x.device):
             new = fresh().logits(points, "full").float()
-    return 0.0 if same_outputs(after, new) else max((torch.nan_to_num(after) - torch.nan_to_num(new)).abs().max().item(), 1e-30)
+    return output_difference(after, new)
 
 
 def _near(x: Tensor, bounds: tuple[float, float], eps: float, norm: str, seed: int) -> Tensor:
@@ -188,7 +184,7 @@ def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
         off = defense.logits(x, "full").float()
     with torch.enable_grad(), seeded(seed, x.device):
         on = defense.logits(x.clone().requires_grad_(True), "full").detach().float()
-    return 0.0 if same_outputs(off, on) else max((torch.nan_to_num(off) - torch.nan_to_num(on)).abs().max().item(), 1e-30)
+    return output_difference(off, on)
 
 
 def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
