@@ -45,13 +45,13 @@ def test_paired_planner_gives_about_80_percent_power() -> None:
     n = n_for_difference_paired(delta, psi, alpha=0.05, power=0.8)
     rng = np.random.default_rng(12)
     sims = 2_000
-    p10, p01 = (psi + delta) / 2, (psi - delta) / 2
+    p10 = (psi + delta) / 2  # the other discordant share, psi - p10 = (psi - delta) / 2, is b's
     rejections = 0
     for _ in range(sims):
         u = rng.random(n)
         both_right = (u >= psi) & (u < psi + 0.5 * (1 - psi))
         a = (u < p10) | both_right  # a right & b wrong on a fraction p10 of samples
-        b = ((u >= p10) & (u < psi)) | both_right  # b right & a wrong on p01
+        b = ((u >= p10) & (u < psi)) | both_right  # b right & a wrong on psi - p10
         rejections += mcnemar_exact(a, b)[0] < 0.05
     power = rejections / sims
     # the exact McNemar test is a little conservative relative to the normal-approximation formula
