@@ -1,9 +1,10 @@
 """The per-sample records shipped in results/ (the full-test-set runs of at-small and a3-small, the adaptive check
 on A3, the stochastic-mask run, the NeuroShield-ViT evaluation, the randomized-smoothing certifications and
-attacks, and the DiffPure checks) load as they are, are complete, and give every number the documentation quotes
+attacks, the DiffPure checks and the JPEG purifier against its ground truth) load as they are, are complete, and give every number the documentation quotes
 from them."""
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from harness.cli import main
 from harness.completeness import completeness
 from harness.store import load_records
+from reports.outcomes import outcome_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "results" / "cifar10-linf"
@@ -38,8 +40,10 @@ def test_full_runs_are_complete_on_all_10000_test_images(name):
     assert (df[df.stage > 0].eps.round(6) == round(8 / 255, 6)).all()
 
 
+JPEG_RUNS = ("jpeg-standard", "jpeg-adaptive")
 SUBSET_RUNS = ([(SHIPPED / n, 1_000) for n in ("a3-small-adaptive", "a3-small-stochastic-eot20", *VIT_RUNS)]
-               + [(SHIPPED / n, 256) for n in DIFFPURE_RUNS] + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS])
+               + [(SHIPPED / n, 256) for n in DIFFPURE_RUNS] + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS]
+               + [(SHIPPED / n, 128) for n in JPEG_RUNS])
 
 
 @pytest.mark.parametrize("run_dir,n", SUBSET_RUNS, ids=[d.name for d, _ in SUBSET_RUNS])
@@ -110,3 +114,16 @@ def test_the_diffpure_runs_share_their_images_and_the_comparison_differs_only_in
     assert attacks.groupby("attack").grad_mode.unique().map(list).to_dict() == {"pgd-bpda": ["bpda"], "pgd-full": ["full"]}
     for column in ("iterations", "restarts", "step_size", "eot", "eps", "norm"):
         assert attacks[column].nunique() == 1, column
+
+
+@pytest.mark.parametrize("name", JPEG_RUNS)
+def test_no_jpeg_sample_is_robust_where_the_independent_ground_truth_broke_it(name):
+    """The harness on a purifier without gradients (BPDA by the first-batch probe, plus Square and RayS) against
+    BPDA PGD and Square run without its machinery on the same images (benchmarks/jpeg_ground_truth.py)."""
+    truth = {r["index"]: r["robust"] for r in json.loads((SHIPPED / "jpeg-ground-truth.json").read_text())["records"]}
+    recs = load_records(SHIPPED / name)
+    worst = outcome_table(recs)["worst-case"]
+    assert sorted(truth) == sorted(int(i) for i in worst.index)
+    assert not [i for i, v in worst.items() if v and not truth[int(i)]]
+    stages = recs[recs.attack.isin(["apgd-ce", "apgd-t", "fab-t", "pgd200-eot20"])]
+    assert (stages.grad_mode == "bpda").all() and (stages.grad_source == "probe").all()
