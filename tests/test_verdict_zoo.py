@@ -175,3 +175,16 @@ def test_an_attack_that_edits_its_input_cannot_move_the_ball(cifar_root, tmp_pat
     row = recs[recs.attack == "test-edits-its-input"]
     assert row.projected[row.attempted].all() and (row.linf[row.attempted] <= EPS + 1e-6).all()
     assert "threat-model-violation" in {f["code"] for f in load_diagnostics(run_dir)}
+
+
+def test_an_accumulating_in_place_purifier_is_named_not_called_random(tiny_data_root, tmp_path):
+    """A purifier that adds to its input in place gives a new answer each time it is handed the same tensor: that
+    is an input write, not hidden randomness (declaring it stochastic would let a corrupted run go ahead)."""
+    class AddsInPlace(torch.nn.Module):
+        def forward(self, x):
+            return x.add_(0.01).clamp_(0, 1)
+
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, attacks="quick", escalate=False),
+                         defense=Defense(TinyCNN().eval(), AddsInPlace(), num_classes=10, name="adds-in-place"))
+    assert "writes-input" in {f["code"] for f in load_diagnostics(run_dir)}
+    assert not load_provenance(run_dir)["defense"]["stochastic"]
