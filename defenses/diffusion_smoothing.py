@@ -9,7 +9,7 @@ n0, N and α, with the noise-trained base classifiers ``smoothing-gaussian`` and
 Contract with ``harness certify`` (the same as ``smoothing-gaussian``'s): the defense is the base classifier f, and
 certify adds the noise, so the defense receives x = x' + σ·e, e ~ N(0, I), not clipped, for a clean image x' in
 [0, 1]. Certify does not pass its σ to the defense: option ``sigma`` must equal ``--sigma``; the defense declares it
-(``provenance["smoothing"]``) and ``harness certify`` refuses a mismatch.
+(``Defense(smoothing=SmoothingNoise(...))``) and ``harness certify`` refuses a mismatch.
 
 The mapping. The UNet works on u = 2x − 1 ∈ [−1, 1], so the noise is 2σ in model units: u = u' + 2σ·e with
 u' = 2x' − 1. Scaled by √ᾱ_t, x_t = √ᾱ_t·u = √ᾱ_t·u' + √ᾱ_t·2σ·e is a sample of the forward process q(x_t | u')
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense, register_defense
+from harness.defense import Defense, SmoothingNoise, register_defense
 from harness.errors import MissingInputError, UsageError
 from harness.models import Classifier
 
@@ -175,12 +175,12 @@ def diffusion_smoothing_defense(unet: nn.Module, classifier: nn.Module, *, sigma
         raise UsageError(f"diffusion-smoothing: option noise must be true or false, got {noise!r}")
     denoiser = DiffusionDenoiser(unet, sigma, steps=steps, noise=noise, alphas_cumprod=alphas_cumprod)
     check_t_max(denoiser.sigma, denoiser.t_star, t_max, weights if weights is not None else "(given)")
-    provenance = {"smoothing": {"sigma": denoiser.sigma, "noise": noise}, "t_star": denoiser.t_star,
+    provenance = {"sigma": denoiser.sigma, "noise": noise, "t_star": denoiser.t_star,
                   "alpha_bar": denoiser.alpha_bar, "matched_sigma": matched_sigma(denoiser.alpha_bar),
                   "steps": denoiser.steps, "t_max": t_max, "weights": None if weights is None else str(weights)}
     default_name = f"diffusion-smoothing-s{denoiser.sigma:g}" + (f"-ddim{steps}" if steps > 1 else "")
     return Defense(classifier, denoiser, num_classes=num_classes, stochastic=noise, purifier_networks=[denoiser.unet],
-                   trained_on=trained_on, provenance=provenance,
+                   trained_on=trained_on, provenance=provenance, smoothing=SmoothingNoise(denoiser.sigma, noise),
                    name=name or default_name + ("-noisy" if noise else ""))
 
 

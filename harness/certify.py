@@ -106,18 +106,18 @@ def load_certify_config(path: str | Path) -> CertifyConfig:
 
 
 def check_base_classifier(defense: Defense, sigma: float) -> None:
-    """Refuse a base classifier that declares (``provenance["smoothing"]``, e.g. ``diffusion-smoothing``) another noise
-    level than ``--sigma`` or that adds noise itself: certify adds N(0, σ²I) to its input, and the defense cannot see σ."""
-    declared = (getattr(defense, "provenance", None) or {}).get("smoothing")
-    if not isinstance(declared, dict):
+    """Refuse a base classifier that declares (``Defense(smoothing=SmoothingNoise(...))``, e.g.
+    ``diffusion-smoothing``) another noise level than ``--sigma``, or that adds noise itself: certify adds N(0, σ²I)
+    to its input, and the defense cannot see σ."""
+    declared = getattr(defense, "smoothing", None)
+    if declared is None:
         return
-    if declared.get("noise"):
+    if declared.adds_noise:
         raise ConfigError(f"defense {defense.name!r} adds its own noise (noise=true) but harness certify adds the noise "
                           "itself; drop --defense-opt noise=true")
-    own = declared.get("sigma")
-    if own is not None and not math.isclose(float(own), float(sigma), rel_tol=1e-9):
-        raise ConfigError(f"defense {defense.name!r} is built for noise sigma={float(own):g} but --sigma is {sigma:g}; "
-                          f"pass --defense-opt sigma={sigma:g} (or --sigma {float(own):g})")
+    if not math.isclose(float(declared.sigma), float(sigma), rel_tol=1e-9):
+        raise ConfigError(f"defense {defense.name!r} is built for noise sigma={float(declared.sigma):g} but --sigma is "
+                          f"{sigma:g}; pass --defense-opt sigma={sigma:g} (or --sigma {float(declared.sigma):g})")
 
 
 def _certify_one(defense: Defense, x: torch.Tensor, cfg: CertifyConfig, index: int) -> tuple[Any, float]:

@@ -62,6 +62,15 @@ class DataUse:
         return sorted(set(self.indices) & {int(i) for i in evaluated})
 
 
+@dataclass(frozen=True)
+class SmoothingNoise:
+    """What a randomized-smoothing base classifier expects of the noise ``harness certify`` adds: it was built for
+    N(0, ``sigma``²I) (certify refuses another ``--sigma``), and ``adds_noise`` when it draws that noise itself
+    (certify refuses it: the noise would be added twice)."""
+    sigma: float
+    adds_noise: bool = False
+
+
 class Defense(nn.Module):
     """A purifier (or ``None``) followed by a classifier returning logits.
 
@@ -88,6 +97,7 @@ class Defense(nn.Module):
             calibration set; recorded under ``defense.provenance`` in the run's provenance.
         fitted_on: the samples of a dataset split used to build the defense (e.g. a calibration set,
             :class:`DataUse`); a run that evaluates any of them is refused.
+        smoothing: for a randomized-smoothing base classifier, the noise it was built for (:class:`SmoothingNoise`).
     """
 
     def __init__(self, classifier: nn.Module, purifier: nn.Module | None = None, *, num_classes: int = 10,
@@ -96,7 +106,7 @@ class Defense(nn.Module):
                  auxiliary: Callable[[Tensor], dict[str, Tensor]] | None = None,
                  purifier_networks: Sequence[nn.Module] | None = None, name: str = "defense",
                  trained_on: str | None = None, provenance: Mapping[str, Any] | None = None,
-                 fitted_on: DataUse | None = None) -> None:
+                 fitted_on: DataUse | None = None, smoothing: SmoothingNoise | None = None) -> None:
         super().__init__()
         if not isinstance(classifier, nn.Module):
             raise TypeError(f"classifier must be a torch.nn.Module returning logits, got {type(classifier).__name__}")
@@ -126,6 +136,9 @@ class Defense(nn.Module):
         if fitted_on is not None and not isinstance(fitted_on, DataUse):
             raise TypeError(f"fitted_on must be a harness.defense.DataUse, got {type(fitted_on).__name__}")
         self.fitted_on = fitted_on
+        if smoothing is not None and not isinstance(smoothing, SmoothingNoise):
+            raise TypeError(f"smoothing must be a harness.defense.SmoothingNoise, got {type(smoothing).__name__}")
+        self.smoothing = smoothing
 
     def networks(self) -> list[tuple[str, nn.Module]]:
         """``(role, module)`` pairs whose passes the harness counts: the classifier, then the purifier's

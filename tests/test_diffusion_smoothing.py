@@ -21,7 +21,7 @@ from defenses.diffusion_smoothing import (DiffusionDenoiser, default_weights, di
                                           matched_sigma, target_alpha_bar, timestep_for_sigma)
 from harness.certify import CertifyConfig, run_certify  # noqa: E402
 from harness.cli import main  # noqa: E402
-from harness.defense import create_defense  # noqa: E402
+from harness.defense import SmoothingNoise, create_defense  # noqa: E402
 from harness.errors import ConfigError, UsageError  # noqa: E402
 from harness.seeding import derive_seed  # noqa: E402
 from harness.smoothing import certify  # noqa: E402
@@ -112,7 +112,7 @@ def test_defense_is_deterministic_and_noise_true_is_stochastic():
     d = diffusion_smoothing_defense(unet, TinyCNN().eval(), sigma=0.25, t_max=200)
     assert not d.stochastic and d.name == "diffusion-smoothing-s0.25" and d.trained_on == "cifar10"
     assert [role for role, _ in d.networks()] == ["classifier", "purifier"]
-    assert d.provenance["t_star"] == 144 and d.provenance["smoothing"] == {"sigma": 0.25, "noise": False}
+    assert d.provenance["t_star"] == 144 and d.smoothing == SmoothingNoise(0.25, adds_noise=False)
     with torch.no_grad():
         z = d.purify(x)
         assert torch.equal(z, d.purify(x)) and torch.equal(d(x), d(x))
