@@ -2,7 +2,7 @@
 query the target without gradients. Not an attack itself (no registration here).
 
 - Libraries get ``target.as_module()``: the target applies the resolved gradient mode and EOT and
-  counts forward and backward passes where they happen (hooks on the networks, ``harness.passes``;
+  counts forward and backward passes where they happen (hooks on the networks, ``harness.api.passes``;
   FAB and DeepFool backpropagate once per class through one forward).
 - :func:`finalize`: project onto the threat model, evaluate once (over ``draws`` for stochastic
   defenses) and build the :class:`AttackResult` with per-sample success and margin.
@@ -20,10 +20,10 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
-from harness.losses import cross_entropy, margin as margin_loss
-from harness.target import Target
+from harness.api.losses import cross_entropy, margin as margin_loss
+from harness.api.target import Target
 
-from harness.attack import AttackResult, Capabilities, Norm, project
+from harness.api.attack import AttackResult, Capabilities, Norm, project
 
 # gradient attacks through a library: EOT by the target, bfloat16 autocast tested (tests/test_autocast.py)
 # upstream returns the clean input for the samples it does not break

@@ -6,7 +6,7 @@
 - ``pgd200-eot20``: PGD-200 with EOT, the "adaptive" configuration of the diffusion-purification
   literature (e.g. Lee & Kim, 2023); exact (``full``) gradients unless the run or battery says otherwise.
 
-EOT is the resolver's (``harness.resolve``): 20 draws on stochastic defenses by default and 1 on
+EOT is the resolver's (``harness.battery.resolve``): 20 draws on stochastic defenses by default and 1 on
 deterministic ones (every draw would be identical); ``--eot``, a battery entry's ``eot`` or
 ``--attack-opt NAME.eot=…`` change it, and the record states what ran.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.attack import Capabilities, register_attack
+from harness.api.attack import Capabilities, register_attack
 
 from .pgd import PGD
 

@@ -11,8 +11,8 @@ import logging
 
 from torch import Tensor
 
-from harness.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
-from harness.target import Target
+from harness.api.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
+from harness.api.target import Target
 
 from ._thirdparty import LIBRARY_CAPABILITIES, apgd_model, run_apgd
 

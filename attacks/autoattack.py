@@ -4,7 +4,7 @@ defenses).
 
 The model handed to pyautoattack is the target's module, so the resolved gradient mode
 (``full``/``bpda``/``surrogate``) and budget counting apply. EOT (``target.eot``, resolved by
-``harness.resolve``; 20 on stochastic defenses by default): ``rand`` keeps upstream's per-draw
+``harness.battery.resolve``; 20 on stochastic defenses by default): ``rand`` keeps upstream's per-draw
 gradient averaging (``eot_iter``) on a one-draw view of the target; ``standard`` averages logits
 over the draws in one batched pass. pyautoattack logs through the ``auto-attack`` logger; nothing is printed.
 """
@@ -15,8 +15,8 @@ from typing import Literal
 
 from torch import Tensor
 
-from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
-from harness.target import Target
+from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.target import Target
 
 from ._thirdparty import ProbeModule, default_draws, finalize, quiet_stdout, trace_apgd
 

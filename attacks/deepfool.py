@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.attack import register_attack
+from harness.api.attack import register_attack
 from .torchattacks_adapter import TorchAttack
 
 

@@ -9,7 +9,7 @@ reconstruction loss low, so that the purifier has little reason to move the adve
 
 Works against any defense whose ``auxiliary_losses(x)`` exposes a per-sample loss (``aux`` names
 which; the only one by default). ``L_cls``'s gradient flows through the target's gradient mode
-(full / bpda / surrogate) with EOT (``target.eot`` draws, resolved by ``harness.resolve``);
+(full / bpda / surrogate) with EOT (``target.eot`` draws, resolved by ``harness.battery.resolve``);
 ``L_rec``'s gradient is exact autograd averaged over the same number of draws.
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ import math
 import torch
 from torch import Tensor
 
-from harness.losses import get_loss, margin as margin_loss
-from harness.target import Target
+from harness.api.losses import get_loss, margin as margin_loss
+from harness.api.target import Target
 
-from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
+from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
 
 
 @register_attack("joint-rec")

@@ -1,7 +1,7 @@
 """Projected gradient descent (Madry et al., 2018) for ℓ∞ and ℓ2, with EOT and gradient modes
-(both the target's: ``target.eot`` draws per gradient in ``target.grad_mode``, set by ``harness.resolve``).
+(both the target's: ``target.eot`` draws per gradient in ``target.grad_mode``, set by ``harness.battery.resolve``).
 
-Native rather than torchattacks.PGD because it must go through :class:`harness.target.Target`
+Native rather than torchattacks.PGD because it must go through :class:`harness.api.target.Target`
 (gradient modes, batched EOT, budget counting), keep the best adversarial per sample across
 restarts, and report an accuracy trace per iteration for the convergence diagnostics.
 """
@@ -12,10 +12,10 @@ import math
 import torch
 from torch import Tensor
 
-from harness.losses import get_loss, margin as margin_loss
-from harness.target import Target
+from harness.api.losses import get_loss, margin as margin_loss
+from harness.api.target import Target
 
-from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
+from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
 
 SCHEDULES = ("constant", "cosine", "step")
 

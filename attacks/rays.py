@@ -5,7 +5,7 @@ sign vector ``s`` and the smallest radius ``r`` at which ``clip(x + r·s)`` is m
 the signs of ever smaller blocks of coordinates (hierarchical search: 1 block, 2, 4, ...); a flip
 is kept when the new direction is adversarial at the current radius, after which a binary search
 shrinks the radius. It uses only predicted labels, so it is immune to gradient masking; each query
-takes the label of the mean softmax over ``target.eot`` draws (EOT, resolved by ``harness.resolve``:
+takes the label of the mean softmax over ``target.eot`` draws (EOT, resolved by ``harness.battery.resolve``:
 8 on stochastic defenses by default, 1 otherwise).
 
 This is a batched re-implementation: all samples advance through the same block schedule in
@@ -18,10 +18,10 @@ import math
 import torch
 from torch import Tensor
 
-from harness.evaluation import correct
-from harness.target import Target
+from harness.api.evaluation import correct
+from harness.api.target import Target
 
-from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 
 from ._thirdparty import finalize
 

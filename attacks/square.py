@@ -4,7 +4,7 @@ for stochastic defenses.
 Upstream Square scores each query with one forward pass; on a randomized defense that score is
 a single noisy draw and the attack chases noise. Here each query is scored on the log of the
 mean softmax over ``target.eot`` draws (``target.predict(x, draws)``), which upstream lacks; the
-resolver (``harness.resolve``) sets that EOT: 8 on stochastic defenses by default, 1 otherwise.
+resolver (``harness.battery.resolve``) sets that EOT: 8 on stochastic defenses by default, 1 otherwise.
 Score-based: no gradients, so the gradient mode does not apply. Queries are counted per sample; the
 accuracy trace is the running accuracy after each query step (:func:`trace_square`).
 """
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.target import Target
+from harness.api.target import Target
 
-from harness.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 
 from ._thirdparty import finalize, quiet_stdout
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import Tensor
 
-from harness.target import Target
+from harness.api.target import Target
 
-from harness.attack import ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.attack import ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 
 from ._thirdparty import default_draws, finalize, quiet_stdout
 

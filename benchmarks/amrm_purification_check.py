@@ -16,7 +16,7 @@ Reports, for the ``amrm-pure-mae`` defense with its defaults (committed small MA
    fixed; each pixel classified as Jv = v, Jv = 0 or neither), and the full (exact) input gradient of
    the defended classifier's cross-entropy with the BPDA one under the same masks.
 
-The subset is the one ``harness run --n N --seed S`` evaluates (``harness.data.select_indices``).
+The subset is the one ``harness run --n N --seed S`` evaluates (``harness.sources.datasets.select_indices``).
 Accuracies on stochastic purification are per draw (``--draws`` independent draws, each with a 95%
 Wilson interval over the N images) plus "correct in every draw".
 """
@@ -33,11 +33,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attacks.pgd import PGD  # noqa: E402
-from harness.data import load_test_set, select_indices  # noqa: E402
-from harness.defense import Defense, create_defense  # noqa: E402
-from harness.stats import wilson  # noqa: E402
-from harness.target import Target  # noqa: E402
+from harness.attacks.pgd import PGD  # noqa: E402
+from harness.sources.datasets import load_test_set, select_indices  # noqa: E402
+from harness.api.defense import Defense, create_defense  # noqa: E402
+from harness.stats.intervals import wilson  # noqa: E402
+from harness.api.target import Target  # noqa: E402
 
 
 def pct(correct: torch.Tensor) -> str:

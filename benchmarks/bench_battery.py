@@ -28,14 +28,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import defenses  # noqa: E402,F401  (registers at-small)
+import harness.defenses  # noqa: E402,F401  (registers at-small)
 from harness import runner  # noqa: E402
-from harness.config import RunConfig  # noqa: E402
-from harness.criteria import worst_case  # noqa: E402
-from harness.data import load_test_set, select_indices  # noqa: E402
-from harness.defense import create_defense  # noqa: E402
-from harness.evaluation import evaluate  # noqa: E402
-from harness.store import load_records  # noqa: E402
+from harness.api.config import RunConfig  # noqa: E402
+from harness.stats.scoring import worst_case  # noqa: E402
+from harness.sources.datasets import load_test_set, select_indices  # noqa: E402
+from harness.api.defense import create_defense  # noqa: E402
+from harness.api.evaluation import evaluate  # noqa: E402
+from harness.store.rundir import load_records  # noqa: E402
 
 
 def _load() -> str:
@@ -79,14 +79,14 @@ def battery(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: lis
 
 def eot(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> None:
     import torchattacks
-    from attacks.pgd import PGD
-    from harness.target import Target
+    from harness.attacks.pgd import PGD
+    from harness.api.target import Target
     defense = _noisy(args)
     alpha = args.eps / 4
     pgd = PGD(eps=args.eps, steps=args.steps, step_size=alpha, random_start=False)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    # EOT copies per forward pass as `harness run` batches them (harness.stage.run_stage): about --batch-size
+    # EOT copies per forward pass as `harness run` batches them (harness.run.stage.run_stage): about --batch-size
     # images per pass; all 20 at once would be 2,000-image passes, over twice as slow per image on a CPU
     target = Target(defense, "full", 20, eot_chunk=args.eot_chunk or max(1, args.batch_size // x.shape[0]))
     res = pgd(target, x, y, seed=args.seed)
@@ -103,8 +103,8 @@ def eot(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[in
 
 def dead(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> None:
     from torch import nn
-    from defenses.bit_depth import BitDepthReduction
-    from harness.defense import Defense
+    from harness.defenses.bit_depth import BitDepthReduction
+    from harness.api.defense import Defense
 
     base = create_defense(args.defense)
     blur = nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
@@ -131,8 +131,8 @@ def dead(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[i
 
 
 def _noisy(args: argparse.Namespace):
-    from defenses.gaussian_noise import GaussianNoise
-    from harness.defense import Defense
+    from harness.defenses.gaussian_noise import GaussianNoise
+    from harness.api.defense import Defense
     base = create_defense(args.defense)
     return Defense(base.classifier, GaussianNoise(args.noise), num_classes=10, stochastic=True,
                    name=f"{args.defense}+noise").eval()

@@ -1,5 +1,5 @@
 """Peak memory and time of one exact-gradient attack step through an iterative purifier (AMRM-Pure, or DiffPure
-with the small DDPM), for S purification steps, with and without checkpointing (``harness.grad.unroll``
+with the small DDPM), for S purification steps, with and without checkpointing (``harness.api.grad.unroll``
 methods ``naive``, ``checkpoint``, ``recompute``).
 
     .venv/bin/python benchmarks/bench_checkpoint.py                 # AMRM-Pure, S = 5 10 20 50 100, one table
@@ -54,9 +54,9 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from harness.defense import create_defense
-    from harness.losses import cross_entropy
-    from harness.target import Target
+    from harness.api.defense import create_defense
+    from harness.api.losses import cross_entropy
+    from harness.api.target import Target
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -4,9 +4,9 @@
     .venv/bin/python benchmarks/bench_preflight.py --defense jpeg --n 64 --attacks quick
 
 Runs ``harness run`` in this process (a fresh run directory under a temporary folder, so nothing resumes) and
-times, inside that same run, the two additions: the first-batch checks (``harness.preflight.preflight``: the
+times, inside that same run, the two additions: the first-batch checks (``harness.diagnostics.preflight.preflight``: the
 module mode, input writes, state, determinism, batch dependence, autograd, ties and the gradient probe) and the
-verdict's fresh-instance evaluations (``harness.verdict.Verifier.evaluate``, after every stage). Both are wrapped
+verdict's fresh-instance evaluations (``harness.run.verdict.Verifier.evaluate``, after every stage). Both are wrapped
 with a wall-clock timer, so the shares are ratios measured in one run under one load; the load average before
 and after is printed beside them. Needs CIFAR-10 (``--data-root`` or ``$HARNESS_DATA``).
 """
@@ -50,14 +50,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from harness import placement, runner
-    from harness.config import RunConfig
-    from harness.machine import load_average
-    from harness.verdict import Verifier
+    from harness.run import placement
+    from harness.run import runner
+    from harness.api.config import RunConfig
+    from harness.store.machine import load_average
+    from harness.run.verdict import Verifier
 
     torch.set_num_threads(args.threads)
     totals: dict[str, float] = {}
-    _timed(placement, "preflight", totals)  # the reference harness.placement calls
+    _timed(placement, "preflight", totals)  # the reference harness.run.placement calls
     _timed(Verifier, "evaluate", totals)
     before = os.getloadavg()
     with tempfile.TemporaryDirectory() as out:

@@ -10,7 +10,7 @@ Per width it measures
 
 - training: images/s of one `at` and one `a3` step (FGSM-RS attack + SGD step, `training_step` of
   defenses/adv_train.py, batch ``--batch-size``), and the implied minutes per epoch of 50,000 images;
-- APGD: the harness's APGD-CE (attacks/apgd.py through harness.target.Target, the code a run uses)
+- APGD: the harness's APGD-CE (attacks/apgd.py through harness.api.target.Target, the code a run uses)
   on ``--n`` test images labelled with the model's own predictions (so every image is attacked, as
   the correctly classified ones of a trained model are), giving seconds per image per iteration
   (one forward+backward pass, counted by the harness's budget);
@@ -32,15 +32,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attacks.apgd import APGD  # noqa: E402
-from defenses.a3 import A3Config  # noqa: E402
-from defenses.adv_train import training_step  # noqa: E402
-from defenses.small_cnn import build_small_cnn, complexity  # noqa: E402
-from harness.data import load_test_set  # noqa: E402
-from harness.defense import Defense  # noqa: E402
-from harness.target import Target  # noqa: E402
-from harness.machine import load_average  # noqa: E402
-from harness.training import step_generator  # noqa: E402
+from harness.attacks.apgd import APGD  # noqa: E402
+from harness.defenses.a3 import A3Config  # noqa: E402
+from harness.defenses.adv_train import training_step  # noqa: E402
+from harness.defenses.small_cnn import build_small_cnn, complexity  # noqa: E402
+from harness.sources.datasets import load_test_set  # noqa: E402
+from harness.api.defense import Defense  # noqa: E402
+from harness.api.target import Target  # noqa: E402
+from harness.store.machine import load_average  # noqa: E402
+from harness.training.recipe import step_generator  # noqa: E402
 
 
 def best_of(repeats: int, fn) -> float:

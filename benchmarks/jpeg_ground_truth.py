@@ -1,7 +1,7 @@
 """Ground truth for the robust accuracy of the ``jpeg`` defense at ℓ∞ ε = 8/255, independent of the harness.
 
 What: on the first ``--n`` seeded CIFAR-10 test images (the subset ``harness run --n N --seed S`` evaluates,
-``harness.data.select_indices``), each sample is judged by the true defended function
+``harness.sources.datasets.select_indices``), each sample is judged by the true defended function
 ``f(x) = defense.classifier(defense.purifier(x))`` (JPEG round trip, then the classifier) at
 
 - the clean image;
@@ -18,7 +18,7 @@ on its own after the attacks; a point either pass found wrong counts as broken.
 
 Why: JPEG has no input gradient, so a harness number for it rests on its BPDA handling, its Square
 wrapper and its bookkeeping. This script shares none of that: it uses only the defense's forward pass,
-plain torch and pyautoattack's Square (``harness.data`` for loading and the index choice, the registry to
+plain torch and pyautoattack's Square (``harness.sources.datasets`` for loading and the index choice, the registry to
 build the defense), so agreement with ``harness run --defense jpeg`` is evidence and not a tautology.
 
 How (on a shared machine: nice, few threads; ``--n 16 --steps 20 --queries 200`` takes a few seconds on one
@@ -46,9 +46,9 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import defenses  # noqa: E402,F401  (registers jpeg)
-from harness.data import load_test_set, select_indices  # noqa: E402
-from harness.defense import Defense, create_defense  # noqa: E402
+import harness.defenses  # noqa: E402,F401  (registers jpeg)
+from harness.sources.datasets import load_test_set, select_indices  # noqa: E402
+from harness.api.defense import Defense, create_defense  # noqa: E402
 
 EPS = 8 / 255
 BALL_TOLERANCE = 1e-6  # float slack allowed on the ε-ball and [0, 1] checks

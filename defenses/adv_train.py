@@ -37,7 +37,7 @@ from torch import Tensor
 from harness import atomic
 from harness.errors import UsageError
 from harness.cli.argtypes import number_or_fraction
-from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
+from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe, step_generator)
 
 from .a3 import A3Config, a3_losses, logistic_noise
@@ -156,7 +156,7 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
     size = complexity(args.width, a3=a3 is not None)
     trainer = Trainer(recipe, args, model, opt, state_path,
                       lambda rec: save_weights(model, out, config, rec, dtype),
-                      args.command_line or f"harness.training.get_recipe({recipe!r}).run(args) (options in config)",
+                      args.command_line or f"harness.training.recipe.get_recipe({recipe!r}).run(args) (options in config)",
                       config=config,
                       extra_record=lambda: {**batches.record(trainer.step), "complexity": size,
                                             "dataset": "cifar10-train", "save_dtype": args.save_dtype})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 from harness.errors import MissingInputError, UsageError
 
 from .a3 import A3View

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 
 from .undefended import classifier_from_options
 

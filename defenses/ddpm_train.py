@@ -18,7 +18,7 @@ Adam (``--lr`` [5e-4], linear warm-up over ``--warmup`` [100] steps then constan
 no weight EMA (too few steps for one to help).
 
 Determinism: epoch e's data order is a permutation drawn from (seed, e); step i's flips, timesteps and noise from
-their own streams of (seed, i) (:func:`harness.training.step_generator`), and the initial weights from the seed.
+their own streams of (seed, i) (:func:`harness.training.recipe.step_generator`), and the initial weights from the seed.
 So the step counter is the whole RNG state and a resumed run (``--pause-at``, Ctrl-C) equals an unbroken one.
 Writes the weights (a state dict, float32) and ``<out>.json``: the architecture (``config.unet``, which
 ``diffpure-ddpm`` rebuilds the network from), the schedule and t_max, command, seed, losses, wall time, load average.
@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from harness import atomic
 from harness.errors import SetupError, UsageError
-from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
+from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe, step_generator)
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"

@@ -17,13 +17,13 @@ x̂_0 is not clipped inside the loop (clipping would zero gradients); the output
 Timesteps are diffusers' 0-based indices into ᾱ (linear β from 1e-4 to 0.02 over 1000 steps), the ones the
 denoiser was trained on (``harness train ddpm``, ``defenses/ddpm_train.py``, which samples only t ≤ t_max).
 
-Randomness: the diffusion is step 0 of a :func:`harness.grad.unroll` of K + 1 steps and the reverse steps are
+Randomness: the diffusion is step 0 of a :func:`harness.api.grad.unroll` of K + 1 steps and the reverse steps are
 steps 1..K; every step draws its noise from the generator it receives, seeded from a seed drawn from the global
 RNG (as AMRM-Pure does), so the defense is as random as the caller's RNG and the checkpointed recomputation in the
 backward pass replays the same noise exactly. The defense is stochastic under either sampler (the forward
 diffusion draws noise); the harness then attacks it with EOT and evaluates it over repeated draws.
 
-Gradients (``harness.defense``): ``full`` is exact autograd through the diffusion, all K UNet evaluations and the
+Gradients (``harness.api.defense``): ``full`` is exact autograd through the diffusion, all K UNet evaluations and the
 final clamp, with activation memory flat in K (``grad_method`` ``checkpoint`` [default] or ``recompute``;
 ``naive`` is plain autograd, memory linear in K); ``bpda`` is the identity backward. The UNet is counted as the
 purifier's network (one forward pass per reverse step and image; the backward pass of ``checkpoint`` or
@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 from harness.errors import MissingInputError, UsageError
-from harness.grad import METHODS, unroll
+from harness.api.grad import METHODS, unroll
 
 from .ddpm_train import DEFAULT_WEIGHTS, SCHEDULE, build_unet, noise_scheduler, unet_config
 
@@ -67,7 +67,7 @@ class DiffPurePurifier(nn.Module):
             kept in eval mode.
         t_star: diffusion timestep t* (0-based index into ᾱ, 1..999). steps: K reverse steps, 1..t*.
         sampler: ``ddim`` (η = 0) or ``ddpm`` (ancestral).
-        method: ``checkpoint`` | ``recompute`` | ``naive`` (``harness.grad.unroll``). segment: steps per checkpoint.
+        method: ``checkpoint`` | ``recompute`` | ``naive`` (``harness.api.grad.unroll``). segment: steps per checkpoint.
         alphas_cumprod: ᾱ (default: the linear schedule the recipe trains with).
     """
 
@@ -136,7 +136,7 @@ class DiffPurePurifier(nn.Module):
 
 def load_unet(weights: str | Path = DEFAULT_WEIGHTS, *, unsafe_load: bool = False) -> tuple[nn.Module, dict]:
     """The denoiser and its training configuration (``{}`` without a sidecar: the recipe's default architecture)."""
-    from harness.models import load_state_dict
+    from harness.sources.models import load_state_dict
 
     path = Path(weights).expanduser()
     if not path.is_file():
@@ -164,8 +164,8 @@ def diffpure_ddpm(t_star: int = 100, steps: int = 10, sampler: str = "ddim", wei
     """DiffPure with a small DDPM: diffuse to timestep ``t_star`` (of 1000), denoise in ``steps`` strided reverse
     steps (``sampler`` ddim|ddpm), then the classifier (default pyautoattack's CIFAR-10 ResNet-18; the options of
     ``none``). ``weights``: the denoiser from ``harness train ddpm``. ``grad_method``/``segment``: the exact-gradient
-    unroll (checkpoint|recompute|naive, harness.grad). Stochastic."""
-    from defenses.undefended import classifier_from_options
+    unroll (checkpoint|recompute|naive, harness.api.grad). Stochastic."""
+    from harness.defenses.undefended import classifier_from_options
 
     unet, config = load_unet(weights, unsafe_load=bool(classifier_options.get("unsafe_load", False)))
     t_max = config.get("t_max")

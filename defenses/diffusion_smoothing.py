@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense, SmoothingNoise, register_defense
+from harness.api.defense import Defense, SmoothingNoise, register_defense
 from harness.errors import MissingInputError, UsageError
-from harness.models import Classifier
+from harness.sources.models import Classifier
 
 from .ddpm_train import DEFAULT_WEIGHTS, SCHEDULE, WEIGHTS_DIR, diffusers_module
 from .diffpure import DiffPurePurifier, load_unet, schedule_alphas_cumprod
@@ -154,7 +154,7 @@ def smoothing_classifier(name: str, sigma: float) -> Classifier:
 
 def pick_classifier(sigma: float, options: dict[str, Any]) -> Classifier:
     """``classifier=smoothing-gaussian|smoothing-consistency`` (the σ-trained CNN), else the options of ``none``."""
-    from defenses.undefended import classifier_from_options
+    from harness.defenses.undefended import classifier_from_options
 
     name = options.get("classifier")
     if name in SMOOTHING_CLASSIFIERS:

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 from harness.errors import UsageError
-from harness.models import classifier as load_classifier
+from harness.sources.models import classifier as load_classifier
 
 from .at_small import _weights
 from .small_cnn import load_small_cnn

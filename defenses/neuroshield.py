@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.data import load_split, select_indices
-from harness.defense import DataUse, Defense, register_defense
+from harness.sources.datasets import load_split, select_indices
+from harness.api.defense import DataUse, Defense, register_defense
 from harness.errors import UsageError
-from harness.training import step_generator
+from harness.training.recipe import step_generator
 
 from .adv_train import perturb
 from .vit_small import CifarViT, load_vit, vit_weights
@@ -53,7 +53,7 @@ Mask = dict[int, Tensor]  # layer -> bool mask over that layer's hidden channels
 # -- the calibration set ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CalibrationSet:
-    """``size`` images of CIFAR-10's ``split`` drawn with ``seed`` (``harness.data.select_indices``)."""
+    """``size`` images of CIFAR-10's ``split`` drawn with ``seed`` (``harness.sources.datasets.select_indices``)."""
 
     split: str
     size: int

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from harness.errors import UsageError
-from harness.models import load_state_dict
+from harness.sources.models import load_state_dict
 
 from .a3 import A3, A3View
 

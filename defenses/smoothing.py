@@ -2,7 +2,7 @@
 CIFAR-10 CNN trained under Gaussian noise by ``harness train smoothing`` (``defenses/smoothing_train.py``).
 
 The defense is the base classifier f itself, without noise: randomized smoothing adds the noise when it
-certifies (CERTIFY / PREDICT, :mod:`harness.smoothing`), at the σ it is given, which should be the σ the
+certifies (CERTIFY / PREDICT, :mod:`harness.certify.smoothing`), at the σ it is given, which should be the σ the
 classifier was trained at (``sigma``, which also picks the default weights file). ``weights=PATH`` loads
 your own file (``torch.load(weights_only=True)``).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 from harness.errors import MissingInputError, UsageError
 
 from .gaussian_noise import GaussianNoise

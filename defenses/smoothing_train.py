@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from harness.errors import UsageError
-from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
+from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe, step_generator)
 
 from .adv_train import augmented_batch, save_weights, set_lr, triangular_lr

@@ -4,14 +4,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 from harness.errors import UsageError
-from harness.schema import option_problems
-from harness.models import PYAUTOATTACK_RESNET18, Classifier, classifier as load
+from harness.api.schema import option_problems
+from harness.sources.models import PYAUTOATTACK_RESNET18, Classifier, classifier as load
 
 
 def classifier_from_options(**options: Any) -> Classifier:
-    """The classifier options every built-in defense accepts (see :func:`harness.models.classifier`):
+    """The classifier options every built-in defense accepts (see :func:`harness.sources.models.classifier`):
     ``classifier`` is ``autoattack-resnet18``, ``robustbench:<name>`` or a checkpoint path (with ``arch``);
     ``dataset`` is what it was trained on, ``threat_model`` the RobustBench leaderboard, ``num_classes``, ``unsafe_load``."""
     accepted = ["classifier", *list(inspect.signature(load).parameters)[1:]]  # option `classifier` is the source

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 from harness.errors import MissingInputError, UsageError
-from harness.models import load_state_dict
+from harness.sources.models import load_state_dict
 
 from .small_cnn import CIFAR10_MEAN, CIFAR10_STD, WEIGHTS_DIR
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.errors import UsageError
-from harness.training import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
+from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
                               register_recipe)
 
 from .adv_train import augmented_batch, save_weights, set_lr

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import re
 from pathlib import Path
@@ -14,22 +15,22 @@ from .latex import escape as latex_escape
 from .load import RunData, load_run
 from .table import Settings, Table, build_table
 
-FORMATS = ("markdown", "csv", "latex", "json", "html")
+# format -> (module of this package, its render function of a Table): a new format is one file plus one entry here
+RENDERERS: dict[str, tuple[str, str]] = {
+    "markdown": ("markdown", "render_markdown"),
+    "csv": ("csv_table", "render_csv"),
+    "latex": ("latex", "render_latex"),
+    "json": ("json_report", "render_json"),
+    "html": ("html", "render_html"),
+}
+FORMATS = tuple(RENDERERS)
 
 
 def _renderer(fmt: str) -> Callable[[Table], str]:
-    if fmt == "markdown":
-        from .markdown import render_markdown as fn
-    elif fmt == "csv":
-        from .csv_table import render_csv as fn
-    elif fmt == "latex":
-        from .latex import render_latex as fn
-    elif fmt == "json":
-        from .json_report import render_json as fn
-    elif fmt == "html":
-        from .html import render_html as fn
-    else:
+    if fmt not in RENDERERS:
         raise ValueError(f"unknown report format {fmt!r}; accepted: {', '.join(FORMATS)}")
+    module, function = RENDERERS[fmt]
+    fn: Callable[[Table], str] = getattr(importlib.import_module(f".{module}", __name__), function)
     return fn
 
 

@@ -3,7 +3,7 @@ the certified-accuracy curve (HTML), and the paired comparison of two runs certi
 
 Certified accuracy at radius r is the share of samples whose smoothed prediction is correct with a certified
 radius of at least r (an abstention is never correct), as in Cohen et al. (2019). Those are 0/1 outcomes per
-sample, so every cell gets the same headline interval as robust accuracy (:func:`harness.stats.headline_interval`).
+sample, so every cell gets the same headline interval as robust accuracy (:func:`harness.stats.intervals.headline_interval`).
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from harness import store
-from harness.completeness import Completeness, require_complete
-from harness.certify import BUDGET_FIELDS, CertifyConfig, load_certify_config
-from harness.paired import compare_outcomes
-from harness.stats import headline_interval
+from harness.store import rundir as store
+from harness.store.status import Completeness, require_complete
+from harness.certify.certification import BUDGET_FIELDS, CertifyConfig, load_certify_config
+from harness.stats.paired import compare_outcomes
+from harness.stats.intervals import headline_interval
 
 from .compare import BudgetMismatchError, same_run, same_run_line
 from .table import interval_text
@@ -158,7 +158,7 @@ def certified_compare_text(run_a: Path, run_b: Path, *, radius: float = 0.5, all
     if cmp.paired:
         lines.append(f"{cmp.test}: A right & B wrong on {cmp.a_only}, B right & A wrong on {cmp.b_only} samples; "
                      f"p = {cmp.p_value:.3g}")
-    significant = cmp.p_value < alpha and (d.low > 0 or d.high < 0)
+    significant = cmp.decided(alpha)
     lines.append(f"Verdict: {'A' if d.estimate > 0 else 'B'} certifies more (p < {alpha:g}, interval excludes 0)."
                  if significant else f"Verdict: no significant difference at alpha = {alpha:g}; do not rank these runs.")
     return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@ interval, the exact McNemar p-value, subset rank-flip probability and the planne
 Two runs are ranked only when everything that changes attack strength or scoring matches
 (:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the attacks'
 autocast precision, the battery (its attacks in order and each entry's options, escalations included)
-and, per attack, the record columns :data:`harness.attack.BUDGET_COLUMNS` (ε, norm, iterations,
+and, per attack, the record columns :data:`harness.api.attack.BUDGET_COLUMNS` (ε, norm, iterations,
 restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples). The gradient mode is
 skipped when either run's defense has no purifier (its provenance's ``defense.purifier`` is None): full,
 bpda and surrogate gradients are then one function. An attack column is compared only between runs of the
@@ -20,12 +20,13 @@ from typing import Any
 
 import pandas as pd
 
-from harness import store
-from harness.attack import BUDGET_COLUMNS
-from harness.paired import compare_outcomes
-from harness.planning import discordance_rate, n_for_difference_paired
-from harness.resolve import RESOLVER_OPTIONS
-from harness.subsets import rank_flip_probability
+from harness.store import rundir as store
+from harness.api.attack import BUDGET_COLUMNS
+from harness.stats.paired import compare_outcomes
+from harness.stats.planning import discordance_rate, n_for_difference_paired
+from harness.battery.resolve import RESOLVER_OPTIONS
+from harness.stats.subsets import rank_flip_probability
+from harness.stats.scoring import stages
 
 from .load import RunData, load_run
 from .outcomes import CRITERION_TEXT, WORST, check_criterion, outcome_table
@@ -37,8 +38,7 @@ class BudgetMismatchError(ValueError):
 
 def _stages(run: RunData) -> list[str]:
     """Attack names in stage order (clean excluded)."""
-    r = run.records.drop_duplicates("stage").sort_values("stage")
-    return [str(x) for s, x in zip(r["stage"], r["attack"]) if s != 0]
+    return [attack for s, attack in stages(run.records) if s != 0]
 
 
 def _attack_budgets(run: RunData) -> dict[str, dict[str, Any]]:
@@ -113,7 +113,7 @@ def same_run(run_a: str | Path, run_b: str | Path) -> str | None:
     if store.check_format(db) is not kind:
         return None
     if kind is store.RunKind.CERTIFY:
-        from harness.certify import load_certify_config as read
+        from harness.certify.certification import load_certify_config as read
     else:
         read = store.load_config
     if read(da).result_dict() != read(db).result_dict() or \
@@ -244,7 +244,7 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
     else:
         lines.append(f"WARNING: {cmp.warning}")
         lines.append(f"{cmp.test}: p = {cmp.p_value:.3g}")
-    if cmp.p_value < alpha and (d.low > 0 or d.high < 0):
+    if cmp.decided(alpha):
         better = "A" if d.estimate > 0 else "B"
         verb = "is more robust" if attack == attack_b else "has the higher accuracy"
         lines.append(f"Verdict: {better} {verb} (p < {alpha:g}, interval excludes 0).")

@@ -12,7 +12,7 @@ Schema (fractions in [0, 1])::
                "wilson_low": float | null, "wilson_high": float | null}]}   # extension
 
 ``ci_low``/``ci_high`` are the headline interval of every other format
-(:func:`harness.stats.headline_interval`). ``upper_bound`` is true when the accuracy is only an
+(:func:`harness.stats.intervals.headline_interval`). ``upper_bound`` is true when the accuracy is only an
 upper bound (the records skipped a sample that still had correct draws; flag ``upper-bound``).
 One run gives one object; several runs give a JSON list of such objects (in argument order).
 """

@@ -1,4 +1,4 @@
-"""Read a run directory into a :class:`RunData`, through :mod:`harness.store` (the one module that
+"""Read a run directory into a :class:`RunData`, through :mod:`harness.store.rundir` (the one module that
 knows the run-directory format): records, config, provenance, diagnostics and per-shard side data.
 
 An incomplete run (in progress, a shard missing, stopped before its escalation stages) is refused
@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness import store
-from harness.completeness import Completeness, require_complete
+from harness.store import rundir as store
+from harness.store.status import Completeness, require_complete
 
 REQUIRED_COLUMNS = ("index", "stage", "attack", "correct_all")
 
@@ -43,7 +43,7 @@ class RunData:
 def load_run(run_dir: str | Path, *, partial: bool = False) -> RunData:
     """Load records, config, diagnostics and per-shard side data of one run.
 
-    Raises :class:`harness.completeness.IncompleteRunError` for an incomplete run unless ``partial``.
+    Raises :class:`harness.store.status.IncompleteRunError` for an incomplete run unless ``partial``.
     """
     path = Path(run_dir)
     state = require_complete(path, partial=partial)

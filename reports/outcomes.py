@@ -1,7 +1,7 @@
 """Per-sample robustness outcomes of a run as a table: a column per stage plus the worst case.
 
 Scores (0/1, or fractions under criterion ``mean``) and the worst case come from
-:mod:`harness.criteria`, the one definition every report uses: per stage a sample's score from
+:mod:`harness.stats.scoring`, the one definition every report uses: per stage a sample's score from
 its R evaluation draws (0 with non-finite logits, and 0 at a stage that did not attempt it);
 per sample the worst case = the minimum over the clean stage and every attempted attack stage.
 """
@@ -11,9 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.attack import BUDGET_COLUMNS
-from harness.flags import FlagCode
-from harness.criteria import CRITERIA, DESCRIPTION, Criterion, eval_draws, parse_criterion, stages, worst_case
+from harness.api.attack import BUDGET_COLUMNS
+from harness.api.flags import FlagCode
+from harness.stats.scoring import CRITERIA, DESCRIPTION, Criterion, eval_draws, parse_criterion, stages, worst_case
 
 CRITERION_TEXT = {c.value: text for c, text in DESCRIPTION.items()}
 WORST = "worst-case"
@@ -45,7 +45,7 @@ def outcome_table(records: pd.DataFrame, criterion: str | Criterion = "all", cum
     clean stage and every attempted attack up to that one, so columns never increase; otherwise
     each attack is scored alone (0 where it did not attempt the sample). ``out.attrs`` records
     ``cumulative`` and ``upper_bound`` (column -> True when that column is only an upper bound:
-    the records skipped a sample whose worst case so far was above 0, see :mod:`harness.criteria`).
+    the records skipped a sample whose worst case so far was above 0, see :mod:`harness.stats.scoring`).
     """
     wc = worst_case(records, check_criterion(criterion))
     if cumulative is None:

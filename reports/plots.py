@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from harness.subsets import SubsetDistribution
+from harness.stats.subsets import SubsetDistribution
 
 from .table import Table
 from .outcomes import WORST
@@ -129,7 +129,7 @@ def eps_plot(table: Table) -> bytes | None:
 
 def subset_inputs(table: Table, k: int = 512, n_subsets: int = 2_000) -> dict[str, SubsetDistribution]:
     """Worst-case subset distributions per row; k shrinks to n//2 for small runs (the plot says k)."""
-    from harness.subsets import subset_distribution
+    from harness.stats.subsets import subset_distribution
 
     out = {}
     for row in table.rows:

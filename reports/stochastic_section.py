@@ -4,8 +4,8 @@ that criterion (same worst case, same headline interval), and the between-seed s
 deviation when several seeds are recorded."""
 from __future__ import annotations
 
-from harness.criteria import CRITERIA
-from harness.stochastic import CriteriaComparison, compare_criteria
+from harness.stats.scoring import CRITERIA
+from harness.stats.stochastic import CriteriaComparison, compare_criteria
 
 from .table import Table, interval_text, pct
 

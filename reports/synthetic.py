@@ -13,10 +13,10 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.config import RunConfig
-from harness.criteria import still_attackable, worst_case
-from harness.fingerprint import Fingerprint
-from harness.store import Plan, RunStore
+from harness.api.config import RunConfig
+from harness.stats.scoring import stages, still_attackable, worst_case
+from harness.store.fingerprint import Fingerprint
+from harness.store.rundir import Plan, RunStore
 
 
 def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tuple[str, float]] = (("pgd", 0.6),),
@@ -72,13 +72,13 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
 def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: str = "cifar10", shards: int = 2,
                         diagnostics: list[dict[str, Any]] | None = None, trace_points: int = 11,
                         defense_info: dict[str, Any] | None = None, **kwargs: Any) -> Path:
-    """Write a complete run directory through :mod:`harness.store` (format, config, provenance, Parquet + JSON
+    """Write a complete run directory through :mod:`harness.store.rundir` (format, config, provenance, Parquet + JSON
     shards, diagnostics); return its path. Provenance marks it ``synthetic``; ``defense_info`` adds fields of
     the defense description real runs record (``Defense.describe()``, e.g. ``{"purifier": None}``)."""
     path = Path(run_dir)
     records = synthetic_records(shards=shards, **kwargs)
     clean = records[records["stage"] == 0]
-    attacks = [str(a) for a in records.drop_duplicates("stage").sort_values("stage")["attack"]][1:]
+    attacks = [attack for s, attack in stages(records) if s != 0]
     cfg = RunConfig(defense=defense, dataset=dataset, n=int(len(clean)), seed=int(kwargs.get("seed", 0)),
                     eps=float(kwargs.get("eps", 8 / 255)), norm=str(kwargs.get("norm", "Linf")),
                     eot=int(kwargs.get("eot", 1)), every_attack=not kwargs.get("cascade", True), attacks="synthetic",

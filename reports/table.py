@@ -1,6 +1,6 @@
 """The report's table model: one row per defense (run), a cell per attack plus worst case.
 
-Each cell carries the headline interval (:func:`harness.stats.headline_interval`, its method
+Each cell carries the headline interval (:func:`harness.stats.intervals.headline_interval`, its method
 named), for 0/1 outcomes the Wilson interval beside it, and whether the accuracy is only an
 upper bound. All formats (markdown, latex, csv, json, html) render this model.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.stats import RESOLVABLE_TAIL, Interval, headline_interval, wilson
-from harness.stopping import sequence_interval
+from harness.stats.intervals import RESOLVABLE_TAIL, Interval, headline_interval, wilson
+from harness.stats.stopping import sequence_interval
 
 from .load import RunData, load_run
 from .outcomes import (CRITERION_TEXT, UPPER_BOUND_FLAG, WORST, budgets, check_criterion, eval_draws, outcome_table,
@@ -53,7 +53,7 @@ class Cell:
     interval: Interval  # the headline interval; interval.method names its method
     wilson: Interval | None  # 0/1 outcomes only
     flags: list[str]
-    upper_bound: bool = False  # the accuracy (and interval) may be too high, see harness.criteria
+    upper_bound: bool = False  # the accuracy (and interval) may be too high, see harness.stats.scoring
 
     @property
     def accuracy(self) -> float:
@@ -188,8 +188,8 @@ def columns_note(table: Table) -> str:
 
 def planning_note(table: Table, half_width: float = 0.01) -> str:
     """How many samples a ±1-point interval needs at each row's worst-case accuracy."""
-    from harness.data import DATASETS
-    from harness.planning import n_for_half_width, wilson_half_width
+    from harness.sources.datasets import DATASETS
+    from harness.stats.planning import n_for_half_width, wilson_half_width
 
     parts = []
     for row in table.rows:

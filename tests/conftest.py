@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.defense import Defense
+from harness.api.defense import Defense
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,16 +38,16 @@ def tiny_defense(purifier: nn.Module | None = None, *, stochastic: bool = False,
 def interrupt_at_shard(monkeypatch: pytest.MonkeyPatch, shard: int = 1):
     """Make the runner raise KeyboardInterrupt when it reaches ``shard`` (a run killed part-way); returns the
     real stage function, to put back for the resume."""
-    from harness import runner
+    from harness.run import shards as run_shards
 
-    real = runner.run_stage
+    real = run_shards.run_stage
 
     def dies_at_shard(*args, **kwargs):
         if kwargs["shard"] == shard:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_stage", dies_at_shard)
+    monkeypatch.setattr(run_shards, "run_stage", dies_at_shard)
     return real
 
 

@@ -10,7 +10,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense
+from harness.api.defense import Defense
 
 NUM_CLASSES = 10
 

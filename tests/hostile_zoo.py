@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from harness.attack import ATTACKS, list_attacks
-from harness.defense import Defense
+from harness.api.attack import ATTACKS, list_attacks
+from harness.api.defense import Defense
 from helpers_attacks import NUM_CLASSES, attack_batch, tiny_cnn
 
 HOSTILE = ("nan-off-grid", "inf-off-grid", "logits-7", "logits-12", "int-logits", "shrinking-purifier", "hidden-noise",
@@ -135,7 +135,7 @@ ZOO_OPTIONS: dict[str, dict] = {
 def builtin_attacks() -> list[str]:
     """Attacks registered by the ``attacks`` package itself (not torchattacks aliases, not the tests' own)."""
     return [n for n in list_attacks() if not n.startswith("torchattacks:")
-            and getattr(ATTACKS.get(n), "__module__", "").startswith("attacks.")]
+            and getattr(ATTACKS.get(n), "__module__", "").startswith("harness.attacks.")]
 
 
 # -- defenses that are not a function of each input (tests/test_verdict_zoo.py) ----------------------------------

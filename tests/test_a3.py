@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from defenses.a3 import A3, A3Config, a3_losses, logistic_noise
-from defenses.small_cnn import SmallCNN, build_small_cnn
+from harness.defenses.a3 import A3, A3Config, a3_losses, logistic_noise
+from harness.defenses.small_cnn import SmallCNN, build_small_cnn
 
 
 def _module(channels: int = 16, **kw) -> A3:

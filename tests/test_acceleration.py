@@ -5,13 +5,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-import harness.runner as runner
+import harness.run.runner as runner
 from conftest import TinyCNN
-from harness.acceleration import _Compiled, accelerate, as_input
-from harness.config import RunConfig
-from harness.defense import Defense
-from harness.passes import Budget, counting
-from harness.store import load_records
+from harness.run.acceleration import _Compiled, accelerate, as_input
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.api.passes import PassCount, counting
+from harness.store.rundir import load_records
 
 
 def _cfg(root, out, **kw) -> RunConfig:
@@ -41,7 +41,7 @@ def test_compiled_network_keeps_outputs_and_pass_counts():
     compiled = _Compiled(net, backend="eager")  # the eager backend: no C++ toolchain needed in the test
     defense = Defense(compiled, name="tiny")
     x = torch.rand(4, 3, 32, 32, requires_grad=True)
-    budget = Budget()
+    budget = PassCount()
     with counting(defense.networks(), budget):
         out = defense(x)
         out.sum().backward()

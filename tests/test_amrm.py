@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from attacks.joint_rec import JointRec
-from defenses.amrm_pure import DEFAULT_MAE, load_mae
-from defenses.amrm_pure.mae import build_mae
-from defenses.amrm_pure.purifier import AMRMPurifier
-from harness.defense import Defense, create_defense
-from harness.gradcheck import identity_like, jacobian_alignment
-from harness.losses import cross_entropy
-from harness.target import Target
+from harness.attacks.joint_rec import JointRec
+from harness.defenses.amrm_pure import DEFAULT_MAE, load_mae
+from harness.defenses.amrm_pure.mae import build_mae
+from harness.defenses.amrm_pure.purifier import AMRMPurifier
+from harness.api.defense import Defense, create_defense
+from harness.diagnostics.gradcheck import identity_like, jacobian_alignment
+from harness.api.losses import cross_entropy
+from harness.api.target import Target
 
 from conftest import TinyCNN
 
@@ -136,7 +136,7 @@ def test_committed_mae_reconstructs_real_images(cifar_root: Path) -> None:
 
 def test_end_to_end_harness_run(tmp_path: Path, cifar_root: Path) -> None:
     from harness.cli import main
-    from harness.store import load_records
+    from harness.store.rundir import load_records
 
     argv = ["run", "--defense", "amrm-pure-mae", "--defense-opt", "mae=random", "--defense-opt", "steps=2",
             "--attacks", "pgd,joint-rec", "--attack-opt", "steps=2", "--n", "4", "--eval-repeats", "2",

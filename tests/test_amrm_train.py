@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from conftest import synthetic_images
-from defenses.amrm_pure import finetune, load_mae, train
+from harness.defenses.amrm_pure import finetune, load_mae, train
 
 
 def synthetic_train_root(tmp_path: Path, n: int = 32) -> Path:
@@ -47,7 +47,7 @@ def test_mae_training_loss_decreases(tmp_path: Path) -> None:
 def test_ramrm_finetuning_updates_the_mae(tmp_path: Path) -> None:
     root, out = synthetic_train_root(tmp_path), tmp_path / "ramrm.pt"
     torch.manual_seed(0)
-    from defenses.amrm_pure.mae import build_mae
+    from harness.defenses.amrm_pure.mae import build_mae
     base = tmp_path / "base.pt"
     train.save_weights(build_mae("tiny"), base, {})
     assert finetune.main(["--mae", str(base), "--out", str(out), "--steps", "1", "--batch-size", "2", "--purify-steps", "2",

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import defenses.small_cnn as small_cnn
-from defenses.adv_train import save_weights
-from defenses.small_cnn import build_small_cnn
+import harness.defenses.small_cnn as small_cnn
+from harness.defenses.adv_train import save_weights
+from harness.defenses.small_cnn import build_small_cnn
 from harness.cli import main
-from harness.defense import create_defense
-from harness.store import load_records
+from harness.api.defense import create_defense
+from harness.store.rundir import load_records
 
 
 def _weights(tmp_path: Path, *, a3: bool, dtype: torch.dtype = torch.float32, name: str | None = None) -> Path:
@@ -108,7 +108,7 @@ def test_views_are_the_branches_of_the_module(tmp_path) -> None:
 
 
 def test_auxiliary_must_be_callable() -> None:
-    from harness.defense import Defense
+    from harness.api.defense import Defense
     with pytest.raises(TypeError, match="auxiliary must be a callable"):
         Defense(torch.nn.Linear(2, 2), auxiliary={"rec": 1})
 

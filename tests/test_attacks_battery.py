@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from attacks import create_attack, list_attacks
-from harness.attack import perturbation_norms
-from harness.target import Target
+from harness.attacks import create_attack, list_attacks
+from harness.api.attack import perturbation_norms
+from harness.api.target import Target
 from helpers_attacks import attack_batch, make
 
 torch.set_num_threads(1)
@@ -119,8 +119,8 @@ def test_gradient_mode_is_honoured(batch):
     assert full.success.float().mean() <= 1 - clean + 0.15
     assert bpda.success.float().mean() >= 0.9
     # bpda-eot declares BPDA fixed: the resolver hands it a BPDA target even when the run says full
-    from harness.presets import AttackSpec
-    from harness.resolve import resolve
+    from harness.battery.spec import AttackSpec
+    from harness.battery.resolve import resolve
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 10})
     attack = spec.build(0.1, "Linf")
     r = resolve(spec, attack, stochastic=False, run_grad="full")
@@ -202,8 +202,8 @@ def test_target_module_charges_each_backward_pass():
 
 
 def test_nonfinite_logits_count_as_success():
-    from attacks._thirdparty import finalize
-    from harness.defense import Defense
+    from harness.attacks._thirdparty import finalize
+    from harness.api.defense import Defense
 
     class NaNNet(torch.nn.Module):
         def forward(self, x):
@@ -217,8 +217,8 @@ def test_nonfinite_logits_count_as_success():
 
 def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
     """bpda-eot spends EOT draws only on stochastic defenses and pins BPDA; the record says so."""
-    from harness.presets import AttackSpec
-    from harness.stage import run_stage
+    from harness.battery.spec import AttackSpec
+    from harness.run.stage import run_stage
     x, y = batch
     x, y = x[:4], y[:4]
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 3})
@@ -236,7 +236,7 @@ def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
 
 def test_third_party_output_goes_to_logging_not_stdout(batch, capsys):
     """torchattacks prints a notice for a parameter-free model; it must reach logging, not stdout."""
-    from harness.defense import Defense
+    from harness.api.defense import Defense
 
     class Fixed(torch.nn.Module):  # no parameters
         def forward(self, x):

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from attacks import list_attacks
-from harness.presets import PRESET_DIR, list_presets, resolve_battery
-from harness.resolve import resolve
+from harness.attacks import list_attacks
+from harness.battery.presets import list_presets, preset_dirs, resolve_battery
+from harness.battery.resolve import resolve
 
 PRESETS = ("quick", "standard", "adaptive", "full", "rand")
 
@@ -18,7 +18,7 @@ def test_preset_loads_builds_and_is_documented(name):
         assert s.attack in list_attacks()
         attack = s.build(8 / 255, "Linf")
         assert attack.eps == 8 / 255 and attack.norm == "Linf"
-    text = (PRESET_DIR / f"{name}.toml").read_text()
+    text = (preset_dirs()[0] / f"{name}.toml").read_text()
     assert text.lstrip().startswith("#"), "each preset starts with a comment saying what it runs"
     assert list_presets()[name]
 
@@ -48,7 +48,7 @@ def test_full_covers_every_attack_family():
                    "deepfool", "apgd-t", "fab-t", "square"):
         assert family in names
     # joint-rec refuses defenses without auxiliary losses, so the presets document it instead of running it
-    assert "joint-rec" in (PRESET_DIR / "full.toml").read_text()
+    assert "joint-rec" in (preset_dirs()[0] / "full.toml").read_text()
 
 
 def test_presets_accept_an_l2_threat_model_except_rays():

@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from attacks import list_attacks
-from harness.attack import Attack, AttackResult
-from harness.defense import Defense
-from harness.presets import AttackSpec
-from harness.resolve import resolve
-from harness.stage import run_stage
-from harness.target import Target
+from harness.attacks import list_attacks
+from harness.api.attack import Attack, AttackResult
+from harness.api.defense import Defense
+from harness.battery.spec import AttackSpec
+from harness.battery.resolve import resolve
+from harness.run.stage import run_stage
+from harness.api.target import Target
 from helpers_attacks import attack_batch, tiny_cnn
-from attacks.torchattacks_adapter import AUTOCAST_CLASSES
+from harness.attacks.torchattacks_adapter import AUTOCAST_CLASSES
 
 # tiny budgets per built-in attack (every registered name except the torchattacks aliases, covered below)
 OPTIONS = {
@@ -48,10 +48,10 @@ def _stage(name: str, options: dict, autocast: str):
 
 
 def test_every_built_in_attack_is_listed():
-    from harness.attack import ATTACKS
+    from harness.api.attack import ATTACKS
 
     built_in = {n for n in list_attacks() if not n.startswith("torchattacks:")
-                and getattr(ATTACKS.get(n), "__module__", "").startswith("attacks.")}  # not the tests' own attacks
+                and getattr(ATTACKS.get(n), "__module__", "").startswith("harness.attacks.")}  # not the tests' own attacks
     assert set(BUILT_IN) == built_in
 
 

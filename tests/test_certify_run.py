@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import TinyCNN
-from harness.certify import CertifyConfig, latency, run_certify
+from harness.certify.certification import CertifyConfig, latency, run_certify
 from harness.cli import main
-from harness.defense import Defense
-from harness.seeding import derive_seed
-from harness.smoothing import certify
-from harness.completeness import completeness
-from harness.store import RunFormatError, load_config, load_records
+from harness.api.defense import Defense
+from harness.api.seeding import derive_seed
+from harness.certify.smoothing import certify
+from harness.store.status import completeness
+from harness.store.rundir import RunFormatError, load_config, load_records
 
 
 def _defense() -> Defense:
@@ -43,7 +43,7 @@ def test_records_are_cohen_certify_per_sample_and_do_not_depend_on_sharding(tiny
     assert ((df["prediction"] == df["label"]) == df["correct"]).all()
     assert (df.loc[df["abstain"], "prediction"] == -1).all() and (df.loc[df["abstain"], "radius"] == 0).all()
     # one sample recomputed by hand with the seed the run derives from (run seed, dataset index)
-    from harness.data import load_test_set
+    from harness.sources.datasets import load_test_set
     row = df.iloc[3]
     x, _ = load_test_set("cifar10", str(tiny_data_root)).get([int(row["index"])])
     gen = torch.Generator().manual_seed(derive_seed(1, int(row["index"]), 0, 7))
@@ -59,7 +59,7 @@ def test_resume_recomputes_only_missing_shards(tiny_data_root, tmp_path, monkeyp
     before = load_records(run_dir)
     (run_dir / "records" / "shard-00001.parquet").unlink()
     assert not completeness(run_dir).complete
-    import harness.certify as hc
+    import harness.certify.certification as hc
     calls: list[int] = []
     real = hc._records
     monkeypatch.setattr(hc, "_records", lambda d, x, y, idx, s, *a: (calls.append(s), real(d, x, y, idx, s, *a))[1])
@@ -129,7 +129,7 @@ def test_kinds_are_not_mixed(tiny_data_root, tmp_path, capsys):
 
 
 def test_latency_protocol(tiny_data_root, monkeypatch):
-    import harness.certify as hc
+    import harness.certify.certification as hc
     monkeypatch.setattr(hc, "create_defense", lambda spec, **kw: _defense())
     out = latency(_cfg(tiny_data_root, Path("unused")), samples=2)
     assert out["seconds_per_sample"] > 0 and out["samples"] == 2 and out["warmup"] == 1 and out["N"] == 200
@@ -138,7 +138,7 @@ def test_latency_protocol(tiny_data_root, monkeypatch):
 
 
 def test_processor_name_is_the_cpu_model(tmp_path):
-    from harness.machine import processor_name
+    from harness.store.machine import processor_name
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu\n")
     assert processor_name(info) == "AMD EPYC 7B13"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from reports.synthetic import write_synthetic_run
+from harness.reports.synthetic import write_synthetic_run
 
 FACTORIES = textwrap.dedent('''\
     from conftest import tiny_defense
@@ -87,7 +87,7 @@ def test_plugin_import_error_names_the_line(tmp_path, tiny_data_root, capsys):
 def test_internal_error_is_one_line_with_the_verbose_hint(monkeypatch, capsys):
     import functools
 
-    from harness import presets
+    from harness.battery import presets
 
     # a KeyError raised by harness code itself (no user frame): the lookup runs in a builtin, not in this file
     monkeypatch.setattr(presets, "list_presets", functools.partial(dict.__getitem__, {}, "internal"))

@@ -2,7 +2,7 @@
 import re
 
 from harness.cli import main
-from harness.planning import n_for_difference_unpaired, n_for_half_width, wilson_half_width
+from harness.stats.planning import n_for_difference_unpaired, n_for_half_width, wilson_half_width
 
 
 def test_plan_half_width_and_difference(capsys):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from reports.synthetic import write_synthetic_run
+from harness.reports.synthetic import write_synthetic_run
 
 BASE = dict(n=60, robust=[("pgd", 0.5), ("square", 0.4)], seed=1, iterations=100, restarts=1, eot=1, queries=0,
             step_size=0.01, schedule="constant", loss_fn="ce", grad_mode="full")
@@ -59,8 +59,8 @@ def test_each_difference_is_refused_and_named(field: str, run_a: Path, tmp_path:
 def test_differing_battery_entry_options_are_refused(run_a: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     """Same attack names and record columns, but an entry option (e.g. APGD-T's target count) differs."""
-    from harness.config import dumps
-    from harness.store import load_config
+    from harness.api.config import dumps
+    from harness.store.rundir import load_config
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
     cfg = load_config(b)
@@ -73,8 +73,8 @@ def test_differing_battery_entry_options_are_refused(run_a: Path, tmp_path: Path
 def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture) -> None:
     """--eot 1 on one run, --attack-opt pgd.eot=1 on the other: the records show the same EOT, so it matches."""
-    from harness.config import dumps
-    from harness.store import load_config
+    from harness.api.config import dumps
+    from harness.store.rundir import load_config
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
     cfg = load_config(b)
@@ -87,8 +87,8 @@ def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, t
 def test_autocast_and_column_meaning_are_compared(run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """bf16 autocast changes the attacks' arithmetic (so their strength); an attack column means the worst case so
     far in a cascade run but that attack alone in an --every-attack run, so those two columns are not comparable."""
-    from harness.config import dumps
-    from harness.store import load_config
+    from harness.api.config import dumps
+    from harness.store.rundir import load_config
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
     cfg = load_config(b)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.config import RunConfig, config_from_mapping, config_warnings, merge, read_config, write_config
+from harness.api.config import RunConfig, config_from_mapping, config_warnings, merge, read_config, write_config
 from harness.errors import ConfigError
 
 
@@ -100,7 +100,7 @@ def test_attack_options_are_checked_against_the_attack_type_hints(attack, option
     """Battery files and --attack-opt values meet the same type rules as the run config: a quoted "false" is not
     taken as true, and a NaN step size does not silently turn the attack into a no-op (robust = clean)."""
     from harness.errors import UsageError
-    from harness.presets import AttackSpec
+    from harness.battery.spec import AttackSpec
 
     with pytest.raises(UsageError, match=expect):
         AttackSpec(attack, attack, options).build(8 / 255, "Linf")
@@ -113,7 +113,7 @@ def test_attack_options_are_checked_against_the_attack_type_hints(attack, option
 ])
 def test_defense_options_are_checked_against_the_factory_type_hints(defense, options, expect):
     """A quoted "false" for unsafe_load must not switch on unpickling a checkpoint."""
-    from harness.defense import create_defense
+    from harness.api.defense import create_defense
     from harness.errors import UsageError
 
     with pytest.raises(UsageError, match=expect):

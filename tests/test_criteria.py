@@ -21,20 +21,20 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import harness.runner as runner
-from harness.attack import Attack, AttackResult, Capabilities, register_attack
-from harness.config import RunConfig
-from harness.criteria import CRITERIA, attackable_rows, stage_score, still_attackable, worst_case
-from harness.data import load_test_set
-from harness.defense import Defense
-from harness.evaluation import Evaluation
-from harness.presets import AttackSpec
-from harness.stochastic import compare_criteria
-from harness.store import load_records
-from reports import render
-from reports.outcomes import WORST, outcome_table
-from reports.stochastic_section import stochastic_cells, stochastic_rows
-from reports.table import Settings, build_table, cell_text
+import harness.run.runner as runner
+from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
+from harness.api.config import RunConfig
+from harness.stats.scoring import CRITERIA, attackable_rows, stage_score, still_attackable, worst_case
+from harness.sources.datasets import load_test_set
+from harness.api.defense import Defense
+from harness.api.evaluation import Evaluation
+from harness.battery.spec import AttackSpec
+from harness.stats.stochastic import compare_criteria
+from harness.store.rundir import load_records
+from harness.reports import render
+from harness.reports.outcomes import WORST, outcome_table
+from harness.reports.stochastic_section import stochastic_cells, stochastic_rows
+from harness.reports.table import Settings, build_table, cell_text
 
 R = 10
 RESAMPLES = 2_000
@@ -168,7 +168,7 @@ def _report(run_dir, criterion: str, slow_formats: bool = False) -> dict[str, ob
 
 def _check_agreement(run_dir, capsys) -> dict[str, float]:
     from harness.cli import main
-    from harness.subsets import subset_distribution
+    from harness.stats.subsets import subset_distribution
 
     accuracy = {}
     for j, c in enumerate(CRITERIA):
@@ -227,7 +227,7 @@ def test_majority_cascade_is_labelled_upper_bound_everywhere(tiny_data_root, tmp
 
 
 def test_escalation_stages_use_the_same_cascade_rule(tiny_data_root, tmp_path, capsys, monkeypatch) -> None:
-    # extra stages start from the stored records of the earlier ones (harness.criteria.attackable_rows)
+    # extra stages start from the stored records of the earlier ones (harness.stats.scoring.attackable_rows)
     monkeypatch.setattr(runner, "collect_escalations", lambda *a, **k: [AttackSpec(name="h1-minus", attack="h1-minus")])
     defense, robust_share = _defense(tiny_data_root)
     run_dir = runner.run(_cfg(tiny_data_root, tmp_path, attacks="h1-plus", escalate=True), defense=defense)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.data import load_test_set
+from harness.sources.datasets import load_test_set
 from harness.errors import DataError
 
 

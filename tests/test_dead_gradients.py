@@ -13,16 +13,17 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import harness.runner as runner
+import harness.run.runner as runner
+import harness.run.shards as run_shards
 from conftest import TinyCNN
-from defenses.bit_depth import BitDepthReduction
-from harness import diagnostics
-from harness.config import RunConfig
-from harness.defense import Defense
-from harness.presets import AttackSpec
-from harness.stage import run_stage
-from harness.store import ResumeMismatchError, load_records
-from reports.outcomes import outcome_table, stage_flags
+from harness.defenses.bit_depth import BitDepthReduction
+from harness.diagnostics import after_stage as diagnostics
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.battery.spec import AttackSpec
+from harness.run.stage import run_stage
+from harness.store.rundir import ResumeMismatchError, load_records
+from harness.reports.outcomes import outcome_table, stage_flags
 from helpers_attacks import NUM_CLASSES, Quantize, attack_batch, tiny_cnn
 
 BATTERY = "pgd,apgd-ce,square,apgd-dlr"  # after pgd: gradient stages in the same (full) mode, and a gradient-free one
@@ -76,7 +77,7 @@ def test_skipping_resumes_identically(tiny_data_root, tmp_path, monkeypatch):
     real = interrupt_at_shard(monkeypatch, 1)
     with pytest.raises(KeyboardInterrupt):
         runner.run(_cfg(tiny_data_root, tmp_path / "b"), defense=_bits())
-    monkeypatch.setattr(runner, "run_stage", real)
+    monkeypatch.setattr(run_shards, "run_stage", real)
     resumed = load_records(runner.run(_cfg(tiny_data_root, tmp_path / "b"), defense=_bits()))
     pd.testing.assert_frame_equal(resumed.drop(columns=["time_s"]), ref.drop(columns=["time_s"]))
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from harness import diagnostics
-from harness.presets import AttackSpec
-from harness.stage import run_stage
-from harness.defense import Defense
+from harness.diagnostics import after_stage as diagnostics
+from harness.battery.spec import AttackSpec
+from harness.run.stage import run_stage
+from harness.api.defense import Defense
 from helpers_attacks import NUM_CLASSES, attack_batch, make, tiny_cnn
 
 torch.set_num_threads(1)
@@ -93,8 +93,8 @@ def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
     assert (cols["grad_mode"], cols["grad_source"]) == ("surrogate", "attack-option")
     assert outcome.robust_after.float().mean() < 0.5  # the surrogate gradient works where the exact one is zero
     # on a stochastic defense the escalation carries EOT (at least 20 draws); none once the surrogate was used
-    from harness import escalation
-    from harness.flags import FlagCode
+    from harness.diagnostics import escalation
+    from harness.api.flags import FlagCode
     specs = escalation.rules(FlagCode.ZERO_GRAD, spec=PGD, attack=PGD.build(0.1, "Linf"), has_purifier=True,
                              grad_mode="full", stochastic=True, has_aux=False, has_surrogate=True, eot=1)
     assert specs[-1]["name"] == "esc-pgd-surrogate" and specs[-1]["options"]["eot"] == 20
@@ -124,7 +124,7 @@ def test_randomized_purifier_with_too_few_eot_draws():
     names = escalated(flags, "eot-disagree")
     assert len(names) == 1 and names[0].startswith("esc-pgd-eot")
     spec = next(e for f in flags if f.code == "eot-disagree" for e in f.escalate)
-    # more draws as a per-attack option: it outranks the run's --eot (harness.resolve)
+    # more draws as a per-attack option: it outranks the run's --eot (harness.battery.resolve)
     assert spec["options"]["eot"] >= 4 and "eot" not in spec
     assert "identity-jacobian" not in codes(flags)  # zero-mean noise: the identity Jacobian is exact, not a flaw
 
@@ -181,8 +181,8 @@ def test_escalation_specs_build():
 def test_escalation_drops_specs_that_cannot_build():
     from types import SimpleNamespace
 
-    from attacks import create_attack
-    from harness import escalation
+    from harness.attacks import create_attack
+    from harness.diagnostics import escalation
 
     aa = create_attack("autoattack-standard", eps=0.1)  # upstream's iterations are fixed: no effort option
     spec = SimpleNamespace(name="aa", attack="autoattack-standard", options={}, grad=None, eot=None)

@@ -14,14 +14,14 @@ import torch
 
 pytest.importorskip("diffusers")
 
-import defenses.ddpm_train as ddpm_train  # noqa: E402
+import harness.defenses.ddpm_train as ddpm_train  # noqa: E402
 from conftest import TinyCNN  # noqa: E402
-from defenses.ddpm_train import build_unet, unet_config  # noqa: E402
-from defenses.diffpure import DiffPurePurifier, diffpure_defense, reverse_timesteps  # noqa: E402
+from harness.defenses.ddpm_train import build_unet, unet_config  # noqa: E402
+from harness.defenses.diffpure import DiffPurePurifier, diffpure_defense, reverse_timesteps  # noqa: E402
 from harness.cli import main  # noqa: E402
-from harness.defense import create_defense  # noqa: E402
+from harness.api.defense import create_defense  # noqa: E402
 from harness.errors import MissingInputError, UsageError  # noqa: E402
-from harness.store import load_records  # noqa: E402
+from harness.store.rundir import load_records  # noqa: E402
 
 TINY = unet_config((8, 8), layers_per_block=1, norm_groups=4, head_dim=8, sample_size=8)
 TINY_ARGS = ["--channels", "8,8", "--norm-groups", "4"]
@@ -63,8 +63,8 @@ def test_exact_gradient_through_unroll_equals_naive_autograd(sampler):
 
 @pytest.mark.parametrize("method", ["checkpoint", "recompute"])
 def test_unet_passes_are_counted_including_the_recomputation(method):
-    from harness.losses import cross_entropy
-    from harness.target import Target
+    from harness.api.losses import cross_entropy
+    from harness.api.target import Target
 
     d = diffpure_defense(tiny_unet(), TinyCNN().eval(), t_star=20, steps=2, grad_method=method)
     x, y = images(3, 32), torch.tensor([0, 1, 2])
@@ -101,8 +101,8 @@ def test_steps_equal_diffusers_schedulers():
 
 FACTORY = textwrap.dedent('''
     from conftest import TinyCNN
-    from defenses.ddpm_train import build_unet, unet_config
-    from defenses.diffpure import diffpure_defense
+    from harness.defenses.ddpm_train import build_unet, unet_config
+    from harness.defenses.diffpure import diffpure_defense
 
     def make(sampler: str = "ddim"):
         unet = build_unet(unet_config((8, 8), 1, norm_groups=4), seed=0).requires_grad_(False)

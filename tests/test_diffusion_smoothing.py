@@ -15,17 +15,17 @@ from torch import nn
 pytest.importorskip("diffusers")
 
 from conftest import TinyCNN, synthetic_images  # noqa: E402
-from defenses.ddpm_train import SCHEDULE, build_unet, unet_config  # noqa: E402
-from defenses.diffpure import schedule_alphas_cumprod  # noqa: E402
-from defenses.diffusion_smoothing import (DiffusionDenoiser, default_weights, diffusion_smoothing_defense,  # noqa: E402
+from harness.defenses.ddpm_train import SCHEDULE, build_unet, unet_config  # noqa: E402
+from harness.defenses.diffpure import schedule_alphas_cumprod  # noqa: E402
+from harness.defenses.diffusion_smoothing import (DiffusionDenoiser, default_weights, diffusion_smoothing_defense,  # noqa: E402
                                           matched_sigma, target_alpha_bar, timestep_for_sigma)
-from harness.certify import CertifyConfig, run_certify  # noqa: E402
+from harness.certify.certification import CertifyConfig, run_certify  # noqa: E402
 from harness.cli import main  # noqa: E402
-from harness.defense import SmoothingNoise, create_defense  # noqa: E402
+from harness.api.defense import SmoothingNoise, create_defense  # noqa: E402
 from harness.errors import ConfigError, UsageError  # noqa: E402
-from harness.seeding import derive_seed  # noqa: E402
-from harness.smoothing import certify  # noqa: E402
-from harness.store import load_records  # noqa: E402
+from harness.api.seeding import derive_seed  # noqa: E402
+from harness.certify.smoothing import certify  # noqa: E402
+from harness.store.rundir import load_records  # noqa: E402
 
 TINY = unet_config((8, 8), layers_per_block=1, norm_groups=4, head_dim=8, sample_size=8)
 AB = schedule_alphas_cumprod().double()
@@ -170,7 +170,7 @@ def test_harness_certify_adds_the_noise_and_the_defense_denoises_it(tmp_path, ti
     assert all(sum(s) + sum(e) + nf == 28 for s, e, nf in zip(df["counts_selection"], df["counts_estimation"],
                                                               df["nonfinite"]))
     # one sample by hand: CERTIFY adds σe to the clean image and calls the defense on x + σe
-    from harness.data import load_test_set
+    from harness.sources.datasets import load_test_set
     row = df.iloc[0]
     x, _ = load_test_set("cifar10", str(tiny_data_root)).get([int(row["index"])])
     d = create_defense("diffusion-smoothing", weights=str(weights), classifier="smoothing-gaussian", sigma=0.25).eval()

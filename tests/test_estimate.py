@@ -6,11 +6,11 @@ import logging
 import pytest
 
 from conftest import TinyCNN
-from harness import runner
+from harness.run import runner
 from harness.cli import main
-from harness.config import RunConfig
-from harness.defense import Defense
-from harness.estimate import duration
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.run.estimate import duration
 
 
 def _cfg(root, out, **kw) -> RunConfig:

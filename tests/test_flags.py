@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from harness import escalation
-from harness.flags import FlagCode, check_codes, parse_code
-from harness.presets import AttackSpec
+from harness.diagnostics import escalation
+from harness.api.flags import FlagCode, check_codes, parse_code
+from harness.battery.spec import AttackSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_every_code_raised_in_the_source_is_a_member():
-    diag = (REPO / "harness" / "diagnostics.py").read_text()
+    diag = (REPO / "harness" / "diagnostics" / "after_stage.py").read_text()
     assert not re.search(r'Flag\(\s*"', diag), "diagnostics must raise FlagCode members, not strings"
-    raised = set(re.findall(r"FlagCode\.([A-Z_]+)", diag + (REPO / "harness" / "escalation.py").read_text()))
+    raised = set(re.findall(r"FlagCode\.([A-Z_]+)", diag + (REPO / "harness" / "diagnostics" / "escalation.py").read_text()))
     assert raised and raised <= set(FlagCode.__members__)
     for code in ("non-finite-logits", "threat-model-violation", "eot-disagree", "zero-grad", "upper-bound"):
         assert FlagCode(code).value == code
@@ -46,8 +46,8 @@ def test_unknown_code_read_back_names_the_file(tmp_path: Path):
 
 
 def test_loading_a_run_with_an_unknown_code_is_an_error(tmp_path: Path):
-    from reports.load import load_run
-    from reports.synthetic import write_synthetic_run
+    from harness.reports.load import load_run
+    from harness.reports.synthetic import write_synthetic_run
 
     run = write_synthetic_run(tmp_path / "r", n=20, diagnostics=[{"code": "loss-flat", "attack": "pgd"}])
     assert load_run(run).diagnostics[0]["code"] == "loss-flat"

@@ -1,4 +1,4 @@
-"""harness.grad: checkpointed / recomputed gradients through a purification loop equal naive autograd,
+"""harness.api.grad: checkpointed / recomputed gradients through a purification loop equal naive autograd,
 including steps that differentiate an inner loss (second order) and draw random masks."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.grad import input_grad, step_generator, unroll
+from harness.api.grad import input_grad, step_generator, unroll
 
 METHODS = [("checkpoint", 1), ("checkpoint", 3), ("recompute", 1)]
 

@@ -1,4 +1,4 @@
-"""harness.gradcheck: a sign-PGD purifier is flagged identity-like under full gradients, a smooth
+"""harness.diagnostics.gradcheck: a sign-PGD purifier is flagged identity-like under full gradients, a smooth
 purifier is not; gradient health counts zero / non-finite gradients; surrogate and BPDA modes run."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 import torch
 from torch import nn
 
-from harness.defense import Defense
-from harness.grad import input_grad, unroll
-from harness.gradcheck import gradient_health, identity_like, jacobian_alignment
-from harness.losses import cross_entropy
-from harness.target import Target
+from harness.api.defense import Defense
+from harness.api.grad import input_grad, unroll
+from harness.diagnostics.gradcheck import gradient_health, identity_like, jacobian_alignment
+from harness.api.losses import cross_entropy
+from harness.api.target import Target
 
 
 class ConvEnergy(nn.Module):
@@ -83,7 +83,7 @@ def test_gradient_health_counts_zero_and_nonfinite_samples() -> None:
 
 
 def test_bit_depth_full_gradient_is_zero() -> None:
-    from defenses.bit_depth import BitDepthReduction
+    from harness.defenses.bit_depth import BitDepthReduction
     defense = Defense(tiny_classifier(), BitDepthReduction(3))
     _, grad, _ = Target(defense, "full").value_and_grad(images(), torch.arange(4), cross_entropy)
     assert gradient_health(grad)["zero_frac"] == 1.0

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-import harness.runner as runner
-from harness import diagnostics
-from harness.config import RunConfig
-from harness.presets import AttackSpec
-from harness.stage import run_stage
+import harness.run.runner as runner
+from harness.diagnostics import after_stage as diagnostics
+from harness.api.config import RunConfig
+from harness.battery.spec import AttackSpec
+from harness.run.stage import run_stage
 from hostile_zoo import EPS, NONFINITE, ZOO_OPTIONS, builtin_attacks, grid_batch, make_hostile, off_grid
 
 
@@ -52,8 +52,8 @@ def test_nonfinite_flag_and_witness_column():
 
 def test_unbounded_pgd_from_the_clean_image_keeps_nonfinite_points():
     """The large-eps diagnostic's PGD (no random start) must find and keep points with non-finite outputs."""
-    from attacks.pgd import PGD
-    from harness.target import Target
+    from harness.attacks.pgd import PGD
+    from harness.api.target import Target
 
     x, y = grid_batch(6)
     for kind in NONFINITE:
@@ -62,9 +62,9 @@ def test_unbounded_pgd_from_the_clean_image_keeps_nonfinite_points():
 
 
 def test_large_eps_diagnostic_counts_nonfinite_points_as_broken():
-    """The diagnostic's own unbounded PGD (harness.diagnostics) on samples an attack failed on: it must reach
+    """The diagnostic's own unbounded PGD (harness.diagnostics.after_stage) on samples an attack failed on: it must reach
     the points with non-finite outputs and count them as broken, not report 'masking' from the clean images."""
-    from harness.attack import Attack, AttackResult
+    from harness.api.attack import Attack, AttackResult
 
     class Stays(Attack):  # a gradient attack that fails everywhere: it returns the clean inputs
         name = "test-stays"
@@ -93,8 +93,8 @@ def _cfg(root, out, **kw) -> RunConfig:
 def test_quick_run_on_a_nan_wrapper_reports_zero_robust_and_flags_it(tiny_data_root, tmp_path):
     """NaN off the pixel grid under `quick` at 8/255 (8/255 is on the grid)."""
     from conftest import TinyCNN
-    from harness.defense import Defense
-    from harness.store import load_records
+    from harness.api.defense import Defense
+    from harness.store.rundir import load_records
     from hostile_zoo import OffGrid
 
     defense = Defense(OffGrid(TinyCNN().eval(), "nan"), None, num_classes=10, name="zoo")
@@ -127,8 +127,8 @@ def test_misdeclared_defense_stops_the_run_before_any_shard(kind, match, tiny_da
 
 def test_wrong_logit_count_is_caught_in_every_forward_pass():
     """Not only on the first batch: a target query and the final evaluation check the output shape too."""
-    from harness.evaluation import evaluate
-    from harness.target import Target
+    from harness.api.evaluation import evaluate
+    from harness.api.target import Target
 
     x, y = grid_batch(4)
     for kind in ("logits-7", "logits-12"):
@@ -147,8 +147,8 @@ def test_narrow_bounds_fail_in_the_stage_too():
 
 
 def test_witnesses_are_kept_only_inside_a_sample_ball():
-    from harness.target import Witnesses
-    from harness.threat import ThreatModel
+    from harness.api.target import Witnesses
+    from harness.api.threat import ThreatModel
 
     x = torch.stack([torch.full((3, 2, 2), 0.2), torch.full((3, 2, 2), 0.6)])
     w = Witnesses.watch(x, ThreatModel("Linf", 0.05, (0.0, 1.0)))

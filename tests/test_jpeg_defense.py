@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import defenses  # noqa: F401  (registers the built-in defenses)
-from defenses.jpeg import JpegCompression
-from harness.data import load_test_set
-from harness.defense import create_defense
+import harness.defenses  # noqa: F401  (registers the built-in defenses)
+from harness.defenses.jpeg import JpegCompression
+from harness.sources.datasets import load_test_set
+from harness.api.defense import create_defense
 from harness.errors import UsageError
-from harness.preflight import preflight
-from harness.registry import RegistryError
+from harness.diagnostics.preflight import preflight
+from harness.api.registry import RegistryError
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import argparse
 import pytest
 import torch
 
-from harness.defense import create_defense
-from harness.models import build_architecture, load_classifier
+from harness.api.defense import create_defense
+from harness.sources.models import build_architecture, load_classifier
 
 
 def test_checkpoint_with_arch_round_trips(tmp_path):
@@ -91,7 +91,7 @@ def test_dataset_mismatch_warns_in_the_run(tmp_path, capsys):
 
     write_model_labelled_npz(tmp_path / "data", n=4, name="svhn")
     factory = tmp_path / "cifar_model.py"
-    factory.write_text("from conftest import TinyCNN\nfrom harness.defense import Defense\n\n"
+    factory.write_text("from conftest import TinyCNN\nfrom harness.api.defense import Defense\n\n"
                        "def make(trained_on='cifar10'):\n"
                        "    return Defense(TinyCNN().eval(), num_classes=10, trained_on=trained_on)\n")
     args = ["run", "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"), "--quiet", "--device", "cpu",

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from conftest import synthetic_images, write_model_labelled_npz
-from defenses import neuroshield as ns
-from defenses.vit_small import ViTConfig, build_vit, load_vit
+from harness.defenses import neuroshield as ns
+from harness.defenses.vit_small import ViTConfig, build_vit, load_vit
 from harness.cli import main
-from harness.defense import DataUse, Defense, create_defense
+from harness.api.defense import DataUse, Defense, create_defense
 from harness.errors import UsageError
-from harness.store import load_records
+from harness.store.rundir import load_records
 
 TINY = ViTConfig(embed_dim=16, depth=2, num_heads=2, mlp_hidden=64)
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from harness.defense import Defense
-from harness.passes import COUNTS, Budget, counting
-from harness.presets import AttackSpec
-from harness.stage import clean_stage, run_stage
-from harness.target import Target
+from harness.api.defense import Defense
+from harness.api.passes import COUNTS, PassCount, counting
+from harness.battery.spec import AttackSpec
+from harness.run.stage import clean_stage, run_stage
+from harness.api.target import Target
 from helpers_attacks import NUM_CLASSES, attack_batch, tiny_cnn
 from hostile_zoo import ZOO_OPTIONS, builtin_attacks
 
@@ -163,15 +163,15 @@ def test_each_backward_pass_is_counted_and_contexts_nest():
         out[:, k].sum().backward(retain_graph=True)
     assert t.budget.classifier_backward == 12 == cls.backward and t.budget.purifier_backward == 0
     assert not t.budget._hooks  # every hook removed after the contexts closed
-    other = Budget()
+    other = PassCount()
     with counting(d.networks(), other), torch.no_grad():  # two budgets: each counts its own
         m(x)
     assert t.budget.classifier_forward == 8 and other.classifier_forward == 4
 
 
 def test_spent_passes_summarizes_the_records():
-    from reports.budget import spent_passes
-    from reports.synthetic import synthetic_records
+    from harness.reports.budget import spent_passes
+    from harness.reports.synthetic import synthetic_records
 
     df = synthetic_records(n=40, robust=(("pgd", 0.6), ("square", 0.5)), iterations=10)
     table = spent_passes(df)
@@ -185,12 +185,12 @@ def test_spent_passes_summarizes_the_records():
 def test_checkpointed_unroll_counts_recomputed_network_passes():
     """A step whose last operation is the network call: checkpointing re-runs it in the backward pass, and that
     recomputation is a forward pass like any other (the counts equal those of ``recompute``)."""
-    from harness.grad import unroll
+    from harness.api.grad import unroll
     net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 3, 3, padding=1))
     x = torch.rand(2, 3, 8, 8)
     counts = {}
     for method in ("checkpoint", "recompute"):
-        budget = Budget()
+        budget = PassCount()
         with counting([("purifier", net)], budget):
             xi = x.clone().requires_grad_(True)
             unroll(lambda z, s, g: net(z), xi, 3, method=method, params=[xi]).sum().backward()

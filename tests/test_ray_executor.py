@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("ray")
 
-import harness.runner as runner  # noqa: E402
+import harness.run.runner as runner  # noqa: E402
 from harness.cli import main  # noqa: E402
-from harness.executors import RAY_MISSING, RayExecutor  # noqa: E402
+from harness.run.executors import RAY_MISSING, RayExecutor  # noqa: E402
 from harness.progress import setup_logging  # noqa: E402
-from harness.completeness import completeness  # noqa: E402
-from harness.store import load_records  # noqa: E402
+from harness.store.status import completeness  # noqa: E402
+from harness.store.rundir import load_records  # noqa: E402
 from test_run_directory import _cfg, _comparable, _labelled_by, _stage_lines  # noqa: E402
 
 # a self-contained user defense (Ray workers load it from its file), as tests/test_run_directory.USER_DEFENSE, plus
@@ -32,7 +32,7 @@ DEFENSE = textwrap.dedent('''
     import time
     import torch
     from torch import nn
-    from harness.defense import Defense
+    from harness.api.defense import Defense
 
     class Squeeze(nn.Module):
         def __init__(self, delay, pids):

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from reports import render
-from reports.load import load_run
-from reports.outcomes import outcome_table
-from reports.synthetic import synthetic_records, write_synthetic_run
-from reports.table import Settings, build_table
+from harness.reports import render
+from harness.reports.load import load_run
+from harness.reports.outcomes import outcome_table
+from harness.reports.synthetic import synthetic_records, write_synthetic_run
+from harness.reports.table import Settings, build_table
 
 GOLDEN = Path(__file__).parent / "golden"
 DIAG = [{"code": "loss-flat", "attack": "apgd-ce", "message": "loss flat", "remedy": "use bpda",
@@ -45,7 +45,7 @@ def test_golden_table_formats(runs: list[Path], fmt: str, suffix: str) -> None:
 
 
 def test_golden_html_table(runs: list[Path]) -> None:
-    from reports.html import _table_html
+    from harness.reports.html import _table_html
 
     text = _table_html(build_table(runs)) + "\n"
     path = GOLDEN / "report-table.html"
@@ -186,7 +186,7 @@ def test_compare_cli_matched_and_mismatched(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_convergence_curve_ends_at_table_cell(runs: list[Path]) -> None:
-    from reports.plots import convergence_curves, eps_points
+    from harness.reports.plots import convergence_curves, eps_points
 
     table = build_table(runs[1:], Settings(n_resamples=1_000))
     curves = convergence_curves(table)

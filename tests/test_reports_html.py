@@ -12,8 +12,8 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from reports import render
-from reports.synthetic import write_synthetic_run
+from harness.reports import render
+from harness.reports.synthetic import write_synthetic_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -65,7 +65,7 @@ def test_html_opens_in_headless_chromium_without_console_errors(html_report: Pat
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium: apt-get update && apt-get install -y chromium")
 def test_chromium_check_can_fail(tmp_path: Path) -> None:
     """The console check above is not vacuous: a broken plot is reported on the console."""
-    from reports.html import _CHECK
+    from harness.reports.html import _CHECK
 
     page = tmp_path / "bad.html"
     page.write_text(f'<!DOCTYPE html><html><body><img class="plot" alt="x" src="data:image/png;base64,AAAA">'

@@ -1,6 +1,6 @@
 """Cascade vs --every-attack scoring follows the run's recorded config, not a guess from the records."""
-from reports.outcomes import outcome_table
-from reports.synthetic import synthetic_records
+from harness.reports.outcomes import outcome_table
+from harness.reports.synthetic import synthetic_records
 
 
 def test_cascade_without_skips_is_still_cumulative():

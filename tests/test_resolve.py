@@ -8,15 +8,15 @@ import logging
 import pytest
 import torch
 
-import harness.runner as runner
+import harness.run.runner as runner
 from conftest import TinyCNN
-from defenses.gaussian_noise import GaussianNoise
-from harness.config import RunConfig
-from harness.defense import Defense
-from harness.presets import AttackSpec, resolve_battery
-from harness.resolve import resolve
-from harness.stage import run_stage
-from harness.store import load_config, load_records
+from harness.defenses.gaussian_noise import GaussianNoise
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.battery.presets import AttackSpec, resolve_battery
+from harness.battery.resolve import resolve
+from harness.run.stage import run_stage
+from harness.store.rundir import load_config, load_records
 from helpers_attacks import attack_batch, make
 
 
@@ -136,7 +136,7 @@ def test_default_battery_is_rand_for_stochastic_and_standard_otherwise(tiny_data
 
 
 def test_capabilities_are_typed_not_attribute_names():
-    from harness.attack import Attack
+    from harness.api.attack import Attack
 
     with pytest.raises(TypeError, match=r"declare `capabilities = Capabilities\(uses_gradients=...\)`"):
         class Old(Attack):  # noqa: F841  (the pre-typed way: would be silently ignored)
@@ -147,7 +147,7 @@ def test_capabilities_are_typed_not_attribute_names():
 
 
 def test_records_carry_the_declared_budget_not_attribute_guesses():
-    from harness.attack import Attack, AttackBudget, AttackResult
+    from harness.api.attack import Attack, AttackBudget, AttackResult
 
     class Declared(Attack):
         def __init__(self, **kw):

@@ -14,14 +14,16 @@ import pandas as pd
 import pytest
 import torch
 
-import harness.runner as runner
+import harness.run.runner as runner
+import harness.run.shards as run_shards
+from harness.run.shards import RunShards
 from conftest import interrupt_at_shard, TinyCNN, write_model_labelled_npz
 from harness import atomic
 from harness.cli import main
-from harness.config import RunConfig
-from harness.defense import Defense
-from harness.completeness import IncompleteRunError, completeness
-from harness.store import FORMAT_VERSION, ResumeMismatchError, RunFormatError, TIMING_COLUMNS, load_records
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.store.status import IncompleteRunError, completeness
+from harness.store.rundir import FORMAT_VERSION, ResumeMismatchError, RunFormatError, TIMING_COLUMNS, load_records
 
 # a self-contained user defense file (no test imports, so subprocesses can load it too); the optional
 # delay makes shards slow enough that concurrent processes overlap
@@ -30,7 +32,7 @@ USER_DEFENSE = textwrap.dedent('''
     import time
     import torch
     from torch import nn
-    from harness.defense import Defense
+    from harness.api.defense import Defense
 
     class Squeeze(nn.Module):
         def __init__(self, delay):
@@ -102,7 +104,7 @@ def test_format_version_is_written_and_checked_on_load(tiny_data_root, tmp_path)
     (run_dir / "format.json").write_text(json.dumps({**fmt, "version": FORMAT_VERSION + 1}))
     with pytest.raises(RunFormatError, match=rf"format\.json.*version {FORMAT_VERSION + 1}.*reads versions 1, {FORMAT_VERSION}"):
         load_records(run_dir)
-    from reports import render
+    from harness.reports import render
     with pytest.raises(RunFormatError, match="format.json"):
         render([run_dir])
     (run_dir / "format.json").unlink()
@@ -149,7 +151,7 @@ def test_resume_with_other_weights_is_refused(tiny_data_root, tmp_path):
 
 
 def test_resume_with_other_package_versions_is_refused(tiny_data_root, tmp_path, monkeypatch):
-    from harness import fingerprint
+    from harness.store import fingerprint
 
     runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="v"), defense=_tiny())
     real = fingerprint.package_versions
@@ -182,7 +184,7 @@ def _killed_run(root: Path, out: Path, monkeypatch, **kw) -> Path:
     real = interrupt_at_shard(monkeypatch, 1)
     with pytest.raises(KeyboardInterrupt):
         runner.run(_cfg(root, out, run_id="killed", **kw), defense=_tiny())
-    monkeypatch.setattr(runner, "run_stage", real)
+    monkeypatch.setattr(run_shards, "run_stage", real)
     return out / "killed"
 
 
@@ -229,7 +231,7 @@ def test_report_refuses_a_run_stopped_before_its_escalation_stages(tiny_data_roo
     code, _, err = _report(tmp_path / "esc", capsys)
     assert code == 2 and "not finished" in err and "escalation" in err
     with pytest.raises(IncompleteRunError):
-        from reports.load import load_run
+        from harness.reports.load import load_run
         load_run(tmp_path / "esc")
 
 
@@ -243,7 +245,7 @@ def _labelled_by(user_file: Path, root: Path, n: int = 48) -> Path:
     has work in every stage)."""
     import torch
     from conftest import synthetic_images
-    from harness.registry import load_object
+    from harness.api.registry import load_object
     x = synthetic_images(n)
     with torch.no_grad():
         y = load_object(f"{user_file}:make")()(torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255).argmax(1)
@@ -335,9 +337,9 @@ def test_bad_shard_slice_is_one_line(text, capsys):
 
 
 def test_a_shard_locked_by_another_process_waits_for_it(tiny_data_root, tmp_path, monkeypatch):
-    from harness.store import RunStore
+    from harness.store.rundir import RunStore
     computed: list[int] = []
-    real = runner._Context.run_shard
+    real = RunShards.run_shard
     other = RunStore(tmp_path / "locked").shard_lock(1, blocking=True)  # "another process" holds shard 1
     assert other.__enter__() is True
 
@@ -347,10 +349,10 @@ def test_a_shard_locked_by_another_process_waits_for_it(tiny_data_root, tmp_path
             other.__exit__(None, None, None)  # ... and stops without finishing it
         return real(self, shard, *args, **kwargs)
 
-    monkeypatch.setattr(runner._Context, "run_shard", record)
+    monkeypatch.setattr(RunShards, "run_shard", record)
     runner.run(_cfg(tiny_data_root, tmp_path, run_id="locked"), defense=_tiny())
     assert computed == [0, 2, 1]  # shard 1 skipped while locked, then waited for and computed
-    monkeypatch.setattr(runner._Context, "run_shard", real)
+    monkeypatch.setattr(RunShards, "run_shard", real)
     ref = runner.run(_cfg(tiny_data_root, tmp_path / "ref", run_id="locked"), defense=_tiny())
     pd.testing.assert_frame_equal(_comparable(load_records(tmp_path / "locked")), _comparable(load_records(ref)))
 

@@ -1,4 +1,4 @@
-"""Anytime-valid confidence sequences (harness.sequential): validity by simulation, and the API contract.
+"""Anytime-valid confidence sequences (harness.stats.sequential): validity by simulation, and the API contract.
 
 The simulation tests print their measured rates (run with ``-s`` to see them; docs/sequential.md quotes them).
 Tolerances are 3 standard errors of the simulated rate.
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from harness.sequential import difference_cs, mean_cs, stop_decided, stop_half_width
+from harness.stats.sequential import difference_cs, mean_cs, stop_decided, stop_half_width
 
 ALPHA = 0.05
 

@@ -10,12 +10,14 @@ import pandas as pd
 import pytest
 
 from conftest import TinyCNN, write_model_labelled_npz
-from harness import runner, stopping
+from harness.run import runner
+from harness.run.shards import RunShards
+from harness.stats import stopping
 from harness.cli import main
-from harness.config import RunConfig
-from harness.defense import Defense
-from harness.completeness import completeness
-from harness.store import TIMING_COLUMNS, load_records
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.store.status import completeness
+from harness.store.rundir import TIMING_COLUMNS, load_records
 
 N = 400
 
@@ -40,8 +42,8 @@ def _tiny(seed: int = 0) -> Defense:
 
 def test_half_width_run_stops_at_the_first_boundary_where_the_sequence_is_narrow(root, tmp_path, monkeypatch):
     computed: list[int] = []
-    real = runner._Context.run_shard
-    monkeypatch.setattr(runner._Context, "run_shard", lambda self, s, *a, **k: (computed.append(s), real(self, s, *a, **k)))
+    real = RunShards.run_shard
+    monkeypatch.setattr(RunShards, "run_shard", lambda self, s, *a, **k: (computed.append(s), real(self, s, *a, **k)))
     run_dir = runner.run(_cfg(root, tmp_path, until="half-width=0.1"), defense=_tiny())
     seq = json.loads((run_dir / "provenance.json").read_text())["sequential"]
     k = seq["shards"]
@@ -106,7 +108,7 @@ def test_bad_until_is_one_line(args, message, root, tmp_path, capsys):
 
 def test_runs_without_until_keep_their_run_ids_and_sorted_order(root, tmp_path):
     import hashlib
-    from harness.config import LATER_FIELDS
+    from harness.api.config import LATER_FIELDS
     cfg = _cfg(root, tmp_path, run_id=None)
     before = {k: v for k, v in cfg.result_dict().items() if k not in LATER_FIELDS}  # the fields of older versions
     assert cfg.fingerprint() == hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:10]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.completeness import completeness
-from harness.store import load_records
-from reports.outcomes import outcome_table
+from harness.store.status import completeness
+from harness.store.rundir import load_records
+from harness.reports.outcomes import outcome_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "results" / "cifar10-linf"

@@ -1,4 +1,4 @@
-"""Randomized smoothing (harness.smoothing) against closed forms, and `harness certify-budget`."""
+"""Randomized smoothing (harness.certify.smoothing) against closed forms, and `harness certify-budget`."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from harness.cli import main
-from harness.smoothing import (ABSTAIN, certify, lower_confidence_bound, max_certifiable_radius,
+from harness.certify.smoothing import (ABSTAIN, certify, lower_confidence_bound, max_certifiable_radius,
                                min_samples_for_radius, min_votes_for_radius, predict, sample_counts)
 
 SHAPE = (1, 2, 2)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import defenses.smoothing_train as smoothing_train
+import harness.defenses.smoothing_train as smoothing_train
 from harness.cli import main
-from harness.defense import create_defense
+from harness.api.defense import create_defense
 
 
 def _train(root: Path, out: Path, *extra: str) -> int:
@@ -73,7 +73,7 @@ def test_base_classifiers_are_registered_with_sigma(train_root, tmp_path, monkey
         assert noisy.stochastic and not torch.equal(noisy(x), noisy(x))
         z = noisy.purify(torch.zeros(64, 3, 32, 32))
     assert z.min() < 0 and abs(float(z.std()) - 0.25) < 0.01  # unclipped N(0, σ²) noise, as certification adds
-    import defenses.smoothing as smoothing_defenses
+    import harness.defenses.smoothing as smoothing_defenses
     monkeypatch.setattr(smoothing_defenses, "smoothing_weights", lambda objective, sigma: tmp_path / "none.pt")
     with pytest.raises(Exception, match="harness train smoothing --objective gaussian --sigma 0.5"):
         create_defense("smoothing-gaussian", sigma=0.5)

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.config import parse_literal, read_config
-from harness.store import load_records
+from harness.api.config import parse_literal, read_config
+from harness.store.rundir import load_records
 
 USER_DEFENSE = textwrap.dedent('''
     """A user's defense in one file: bit-depth squeezing in front of a small CNN."""
     import torch
     from torch import nn
     from conftest import TinyCNN
-    from harness.defense import Defense
+    from harness.api.defense import Defense
 
     class Squeeze(nn.Module):
         def __init__(self, bits):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torchvision
 
-from harness import data
-from harness.data import load_test_set, resolve_root, select_indices
+from harness.sources import datasets as data
+from harness.sources.datasets import load_test_set, resolve_root, select_indices
 
 
 def test_root_resolution_order(monkeypatch, tmp_path):

@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-import harness.runner as runner
+import harness.run.runner as runner
+import harness.run.shards as run_shards
 from conftest import interrupt_at_shard, TinyCNN
-from defenses.gaussian_noise import GaussianNoise
-from harness.config import RunConfig
-from harness.defense import Defense
-from harness.store import TIMING_COLUMNS, load_records, make_run_id
+from harness.defenses.gaussian_noise import GaussianNoise
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.store.rundir import TIMING_COLUMNS, load_records, make_run_id
 
 
 def _cfg(root, out, **kw) -> RunConfig:
@@ -48,7 +49,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tiny_data_root, tmp_path, m
     assert not (run_dir / "records" / "shard-00001.parquet").exists()
     assert not list(run_dir.rglob("*.tmp"))
     first = load_records(run_dir)
-    monkeypatch.setattr(runner, "run_stage", real)
+    monkeypatch.setattr(run_shards, "run_stage", real)
 
     torch.manual_seed(12345)  # global RNG state must not matter
     resumed_dir = runner.run(_cfg(tiny_data_root, tmp_path / "b"), defense=_noisy())
@@ -107,10 +108,10 @@ def test_non_finite_logits_never_count_as_robust(tiny_data_root, tmp_path):
     assert not clean.correct_all[bad].any() and not clean.correct_majority[bad].any()
     assert (clean.preds[bad].map(lambda p: p == [-1])).all()
     # with eps = 0 nothing else can break a sample: the finite ones stay robust, the NaN ones never are
-    from reports.outcomes import WORST, outcome_table
+    from harness.reports.outcomes import WORST, outcome_table
     worst = outcome_table(df)[WORST].astype(bool)
     assert not worst[bad[bad].index].any() and worst[(~bad)[~bad].index].all()
-    from reports import render
+    from harness.reports import render
     report = json.loads(render([run_dir], "json"))
     clean_row = next(r for r in report["rows"] if r["attack"] == "clean")
     assert "non-finite-logits" in clean_row["flags"]
@@ -137,8 +138,8 @@ def test_save_adversarials_within_budget(tiny_data_root, tmp_path):
 
 
 def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path, monkeypatch):
-    from defenses.bit_depth import BitDepthReduction
-    from harness.config import read_config
+    from harness.defenses.bit_depth import BitDepthReduction
+    from harness.api.config import read_config
 
     def quantized() -> Defense:
         return Defense(TinyCNN().eval(), BitDepthReduction(3), num_classes=10, name="tiny-bits")
@@ -157,17 +158,17 @@ def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path
     flags = json.loads((ref_dir / "diagnostics.json").read_text())
     assert any("esc-bpda-eot" in f["escalated"] for f in flags)
 
-    real = runner.run_stage
+    real = run_shards.run_stage
 
     def dies_in_escalation(*args, **kwargs):
         if kwargs["shard"] == 1 and args[0] >= 2:  # stage index >= 2: an escalated stage
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_stage", dies_in_escalation)
+    monkeypatch.setattr(run_shards, "run_stage", dies_in_escalation)
     with pytest.raises(KeyboardInterrupt):
         runner.run(_cfg(tiny_data_root, tmp_path / "b", **cfg), defense=quantized())
-    monkeypatch.setattr(runner, "run_stage", real)
+    monkeypatch.setattr(run_shards, "run_stage", real)
     resumed_dir = runner.run(_cfg(tiny_data_root, tmp_path / "b", **cfg), defense=quantized())
     assert read_config(resumed_dir / "config.toml").escalations == escalations
     pd.testing.assert_frame_equal(_comparable(load_records(resumed_dir)), _comparable(ref))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.stats import RESOLVABLE_TAIL, bootstrap, headline_interval
+from harness.stats.intervals import RESOLVABLE_TAIL, bootstrap, headline_interval
 
 NS = (100, 512)
 PS = (0.001, 0.01, 0.05, 0.3, 0.6, 0.9, 0.99, 0.999)

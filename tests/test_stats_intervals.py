@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness.stats import Interval, accuracy_interval, bootstrap, bootstrap_many, clopper_pearson, half_width_n, wilson
+from harness.stats.intervals import Interval, accuracy_interval, bootstrap, bootstrap_many, clopper_pearson, wilson
 
 N = 512
 PS = (0.3, 0.6, 0.9)
@@ -14,7 +14,7 @@ PS = (0.3, 0.6, 0.9)
 @pytest.mark.parametrize("p", PS)
 def test_wilson_covers_truth_in_simulation(p: float) -> None:
     # 20,000 simulated datasets of n=512 Bernoulli(p) outcomes; Wilson depends only on the count,
-    # so each distinct count's interval is computed once with harness.stats.wilson.
+    # so each distinct count's interval is computed once with harness.stats.intervals.wilson.
     rng = np.random.default_rng(1000 + int(100 * p))
     counts = rng.binomial(N, p, size=20_000)
     covered = {k: wilson(int(k), N).contains(p) for k in np.unique(counts)}
@@ -91,5 +91,8 @@ def test_degenerate_outcomes_collapse_bootstrap_but_not_wilson() -> None:
     assert wilson(50, 50).low < 0.95
 
 
-def test_half_width_n_kept_for_compatibility() -> None:
-    assert half_width_n(0.5, 0.05) == 385
+def test_an_interval_excludes_a_value_only_when_it_lies_wholly_on_one_side() -> None:
+    iv = lambda lo, hi: Interval(estimate=(lo + hi) / 2, low=lo, high=hi, method="x", confidence=0.95, n=10)  # noqa: E731
+    assert iv(0.01, 0.2).excludes() and iv(-0.2, -0.01).excludes()
+    assert not iv(0.0, 0.2).excludes() and not iv(-0.2, 0.0).excludes() and not iv(-0.1, 0.1).excludes()
+    assert iv(0.3, 0.5).excludes(0.25) and not iv(0.2, 0.5).excludes(0.25)

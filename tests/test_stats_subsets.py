@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.subsets import rank_flip_probability, subset_distribution
+from harness.stats.subsets import rank_flip_probability, subset_distribution
 
 
 def test_subset_distribution_matches_hypergeometric_spread() -> None:

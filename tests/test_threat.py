@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-import harness.runner as runner
-from harness import diagnostics
-from harness.attack import Attack, AttackResult, register_attack
-from harness.config import RunConfig
-from harness.presets import AttackSpec
-from harness.stage import run_stage
-from harness.threat import ThreatModel
+import harness.run.runner as runner
+from harness.diagnostics import after_stage as diagnostics
+from harness.api.attack import Attack, AttackResult, register_attack
+from harness.api.config import RunConfig
+from harness.battery.spec import AttackSpec
+from harness.run.stage import run_stage
+from harness.api.threat import ThreatModel
 from helpers_attacks import attack_batch, make
 
 
@@ -108,8 +108,8 @@ def test_honest_attack_is_not_flagged():
 
 def test_cheating_attack_in_a_run(tiny_data_root, tmp_path):
     from conftest import TinyCNN
-    from harness.defense import Defense
-    from harness.store import load_records
+    from harness.api.defense import Defense
+    from harness.store.rundir import load_records
 
     cfg = RunConfig(defense="tiny", data_root=str(tiny_data_root), out=str(tmp_path), n=8, seed=0,
                     attacks="test-cheater", eps=1 / 255, shard_size=8, batch_size=8, eval_repeats=1, eot=1,

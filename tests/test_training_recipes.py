@@ -1,4 +1,4 @@
-"""Training recipes as plugins (harness.training) and the `at` / `a3` recipes on a few batches: outputs,
+"""Training recipes as plugins (harness.training.recipe) and the `at` / `a3` recipes on a few batches: outputs,
 sidecar record, resume (paused or Ctrl-C) equal to an unbroken run, and the at/a3 pairing."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-import defenses.adv_train as adv_train
-from defenses.small_cnn import build_small_cnn, load_small_cnn
+import harness.defenses.adv_train as adv_train
+from harness.defenses.small_cnn import build_small_cnn, load_small_cnn
 from harness.cli import main
-from harness.training import RECIPES, Recipe, Trainer, get_recipe, recipe_names
+from harness.training.recipe import RECIPES, Recipe, Trainer, get_recipe, recipe_names
 
 
 def _train(recipe: str, root: Path, out: Path, *extra: str) -> int:
@@ -51,8 +51,23 @@ def test_a_new_recipe_is_one_registration(monkeypatch, tmp_path: Path, capsys) -
     assert "toy: trained 1 steps" in out and "loss 0.2500" in out
 
 
+def test_recorded_command_parses_back_to_the_same_options() -> None:
+    """The sidecar's command must be runnable as written: a tuple option (ddpm's --channels) is spelled 32,64,64."""
+    import shlex
+
+    from harness.cli.train import spelled_out
+
+    recipe = get_recipe("ddpm")
+    parser = argparse.ArgumentParser(prog="harness train ddpm")
+    recipe.add_arguments(parser)
+    args = parser.parse_args(["--channels", "16,32", "--t-max", "300"])
+    command = spelled_out(parser, args)
+    again = parser.parse_args(shlex.split(command)[3:])
+    assert vars(again) == vars(args) and again.channels == (16, 32)
+
+
 def test_a_broken_recipe_plugin_breaks_only_itself(monkeypatch, capsys) -> None:
-    from harness.registry import _LazyEntryPoint
+    from harness.api.registry import _LazyEntryPoint
 
     class BrokenEntryPoint:
         name, value = "broken", "nowhere:recipe"

@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-import harness.runner as runner
+import harness.run.runner as runner
 from conftest import TinyCNN
-from harness.attack import Attack, AttackResult, Capabilities, register_attack
-from harness.config import RunConfig
-from harness.data import load_test_set
-from harness.defense import Defense
+from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
+from harness.api.config import RunConfig
+from harness.sources.datasets import load_test_set
+from harness.api.defense import Defense
 from harness.errors import UsageError
-from harness.store import RunStore, load_diagnostics, load_provenance, load_records
+from harness.store.rundir import RunStore, load_diagnostics, load_provenance, load_records
 from hostile_zoo import FUNCTION_ZOO, BatchStats, Detached, Dropped, make_function_zoo, true_robust
-from reports.outcomes import outcome_table
+from harness.reports.outcomes import outcome_table
 
 EPS = 8 / 255
 N = 32
@@ -40,7 +40,7 @@ EXPECTED_FLAG = {"constant": "tied-logits", "zeros-off-grid": "tied-logits", "in
 
 @pytest.fixture(scope="module")
 def at_small():
-    from defenses.small_cnn import DEFAULT_WEIGHTS, load_small_cnn
+    from harness.defenses.small_cnn import DEFAULT_WEIGHTS, load_small_cnn
 
     return load_small_cnn(DEFAULT_WEIGHTS["at"], a3=False)
 
@@ -82,7 +82,7 @@ def test_no_defense_in_the_function_zoo_beats_the_ground_truth(kind, battery, at
         stages = recs[recs.attack.isin(["pgd-ce", "pgd-margin", "apgd-ce", "apgd-t", "fab-t"])]
         assert len(stages) and (stages.grad_mode == "bpda").all() and (stages.grad_source == "probe").all()
         assert "esc-square" in set(recs.attack)  # a dead mode adds gradient-free attacks
-        from reports import render
+        from harness.reports import render
 
         assert "full-mode gradients do not reach the input (first-batch probe), so its gradient attacks ran in " \
             "bpda" in render([run_dir])  # the report says which mode the attacks used, and why

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.defense import Defense, register_defense
+from harness.api.defense import Defense, register_defense
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_MAE = WEIGHTS_DIR / "mae_cifar10_small.pt"
@@ -23,7 +23,7 @@ def load_mae(mae: str | Path = DEFAULT_MAE, *, preset: str | None = None, seed: 
     ``small``), or ``"random"``: a randomly initialised ``preset`` (default ``tiny``) seeded ``seed``."""
     import torch
 
-    from harness.models import load_state_dict
+    from harness.sources.models import load_state_dict
 
     from .mae import build_mae
 
@@ -44,7 +44,7 @@ def load_mae(mae: str | Path = DEFAULT_MAE, *, preset: str | None = None, seed: 
 def _build(name: str, mae: str | Path, *, steps: int, step_size: float, schedule: str, eta: float, mask_ratio: float,
            masks_per_step: int, surrogate: str, tau: float, method: str, segment: int, mae_preset: str | None,
            mae_seed: int, classifier_options: dict[str, Any]) -> Defense:
-    from defenses.undefended import classifier_from_options
+    from harness.defenses.undefended import classifier_from_options
 
     from .purifier import AMRMPurifier
 
@@ -66,7 +66,7 @@ def amrm_pure_mae(steps: int = 10, step_size: float = 2 / 255, schedule: str = "
     on the MAE reconstruction loss with ``masks_per_step`` random masks of ratio ρ (``mask_ratio``),
     total change within ℓ∞ ``eta``; then the classifier. ``mae``: weights path (default the committed
     CIFAR-10 MAE) or ``random`` (untrained ``mae_preset``, for tests). ``surrogate``/``tau``: the
-    ``--grad surrogate`` stand-in. ``method``/``segment``: exact-gradient unroll (harness.grad)."""
+    ``--grad surrogate`` stand-in. ``method``/``segment``: exact-gradient unroll (harness.api.grad)."""
     return _build("amrm-pure-mae", mae, steps=steps, step_size=step_size, schedule=schedule, eta=eta,
                   mask_ratio=mask_ratio, masks_per_step=masks_per_step, surrogate=surrogate, tau=tau, method=method,
                   segment=segment, mae_preset=mae_preset, mae_seed=mae_seed, classifier_options=classifier_options)

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from harness.training import (Recipe, Trainer, add_loop_arguments, command_line, load_cifar10_train, recipe_main,
+from harness.training.recipe import (Recipe, Trainer, add_loop_arguments, command_line, load_cifar10_train, recipe_main,
                               recipe_paths, register_recipe)
 
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
@@ -49,7 +49,7 @@ def _pgd(classifier: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: flo
 
 def finetune(args: argparse.Namespace) -> dict:
     """Run (or resume) the fine-tuning; returns the training record."""
-    from harness.models import load_classifier
+    from harness.sources.models import load_classifier
 
     from .purifier import AMRMPurifier
 
@@ -61,7 +61,7 @@ def finetune(args: argparse.Namespace) -> dict:
     opt = torch.optim.AdamW(mae.parameters(), lr=args.lr, weight_decay=0.0)
     images, labels = load_cifar10_train(args.data_root)
     trainer = Trainer("ramrm", args, mae, opt, state_path, lambda rec: save_weights(mae, out, rec),
-                      command_line(args, "defenses.amrm_pure.finetune"), ema_decay=0.95,
+                      command_line(args, __name__), ema_decay=0.95,
                       extra_record=lambda: {"batch_size": args.batch_size, "lr": args.lr, "eps": args.eps,
                                             "purify_steps": args.purify_steps, "beta": args.beta, "base_mae": str(args.mae),
                                             "recipe_file": "R-AMRM-Pure fine-tuning (defenses/amrm_pure/finetune.py)"})
@@ -89,7 +89,7 @@ def finetune(args: argparse.Namespace) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mae", default=str(DEFAULT_MAE), help="MAE weights to start from")
     parser.add_argument("--out", default=str(DEFAULT_RAMRM), help="fine-tuned weights file (state dict)")
-    parser.add_argument("--classifier", default="autoattack-resnet18", help="frozen classifier (harness.models source)")
+    parser.add_argument("--classifier", default="autoattack-resnet18", help="frozen classifier (harness.sources.models source)")
     parser.add_argument("--data-root", default=None,
                         help="data root: cifar10_train.npz or torchvision files (default $HARNESS_DATA, else ~/.cache/harness/data)")
     parser.add_argument("--steps", type=int, default=300)
@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return recipe_main(argv, "defenses.amrm_pure.finetune", __doc__, add_arguments, finetune)
+    return recipe_main(argv, __name__, __doc__, add_arguments, finetune)
 
 
 register_recipe(Recipe("ramrm", "fine-tune the MAE through the purifier with the classifier's cross-entropy",

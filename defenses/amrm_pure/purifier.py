@@ -5,12 +5,12 @@ AISTATS 2026): descend a masked autoencoder's reconstruction loss on the input w
 
 where Clip projects onto the ℓ∞ ball of radius η around the input x_0 and onto the image bounds.
 
-Gradients (see ``harness.defense``):
+Gradients (see ``harness.api.defense``):
 
 - ``full``: exact autograd through all S steps, including the inner gradient (second order), with
-  memory flat in S (``harness.grad.unroll``). Because d sign(g)/dg = 0 almost everywhere, the exact
+  memory flat in S (``harness.api.grad.unroll``). Because d sign(g)/dg = 0 almost everywhere, the exact
   Jacobian of the purifier is the identity on the unclipped pixels: the full gradient ignores the
-  purification (``harness.gradcheck`` flags this).
+  purification (``harness.diagnostics.gradcheck`` flags this).
 - ``surrogate`` (``forward_surrogate``): the same forward trajectory, but each step's backward pass
   goes through a smooth stand-in of ``sign(g)`` (``tanh(g / (τ·mean|g|))`` or the normalized gradient
   ``g / mean|g|``), straight-through per step, so the attacker sees how the purifier responds.
@@ -24,8 +24,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from harness.defense import straight_through
-from harness.grad import METHODS, input_grad, unroll
+from harness.api.defense import straight_through
+from harness.api.grad import METHODS, input_grad, unroll
 
 from .mae import MaskedAutoencoder
 
@@ -44,7 +44,7 @@ class AMRMPurifier(nn.Module):
         mask_ratio: ρ, share of patches masked. masks_per_step: random masks averaged per gradient.
         surrogate: ``tanh`` or ``normalized`` (for ``forward_surrogate``). tau: tanh temperature,
             relative to the per-sample mean |g|.
-        method: ``checkpoint`` | ``recompute`` | ``naive`` (``harness.grad.unroll``). segment: steps per checkpoint.
+        method: ``checkpoint`` | ``recompute`` | ``naive`` (``harness.api.grad.unroll``). segment: steps per checkpoint.
         bounds: image range.
     """
 

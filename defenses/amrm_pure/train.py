@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from harness import atomic
-from harness.training import (Recipe, Trainer, add_loop_arguments, command_line, load_cifar10_train,  # noqa: F401
+from harness.training.recipe import (Recipe, Trainer, add_loop_arguments, command_line, load_cifar10_train,  # noqa: F401
                               recipe_main, recipe_paths, register_recipe)
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def train(args: argparse.Namespace) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     images, _ = load_cifar10_train(args.data_root, download=args.download)
     trainer = Trainer("mae", args, model, opt, state_path, lambda rec: save_weights(model, out, rec),
-                      command_line(args, "defenses.amrm_pure.train"), config=config.to_dict(),
+                      command_line(args, __name__), config=config.to_dict(),
                       extra_record=lambda: {"batch_size": args.batch_size, "mask_ratio": args.mask_ratio, "lr": args.lr,
                                             "dataset": "cifar10-train", "images": int(images.shape[0])})
     trainer.resume(device)
@@ -116,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return recipe_main(argv, "defenses.amrm_pure.train", __doc__, add_arguments, train)
+    return recipe_main(argv, __name__, __doc__, add_arguments, train)
 
 
 register_recipe(Recipe("mae", "masked autoencoder on the CIFAR-10 train split (resumable)", add_arguments, train,

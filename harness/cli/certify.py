@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from harness.cli.argtypes import COUNT, PROBABILITY, SEED
-from harness.config import parse_key_values
+from harness.api.config import parse_key_values
 from harness.errors import UsageError
 from harness.progress import setup_logging
-from harness.schema import Rule, arg_type
+from harness.api.schema import Rule, arg_type
 
 SIGMA = arg_type(float, Rule(low=0, low_open=True))
 
@@ -46,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from harness.certify import CertifyConfig
+    from harness.certify.certification import CertifyConfig
     n: int | str = args.n
     if n != "all":
         try:
@@ -61,14 +61,14 @@ def config_from_args(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.certify import latency, run_certify
+    from harness.certify.certification import latency, run_certify
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
     if args.latency is not None:
         print(json.dumps(latency(cfg, samples=args.latency), indent=2))
         return 0
     run_dir = run_certify(cfg, force_resume=args.force_resume)
-    from reports.certified import certified_text
+    from harness.reports.certified import certified_text
     print(certified_text([Path(run_dir)]))
     print(f"records: {run_dir}", file=sys.stderr)
     return 0

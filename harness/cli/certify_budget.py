@@ -3,7 +3,7 @@ smoothing certify at all with N noise draws?
 
 CERTIFY (Cohen et al. 2019) bounds p_A from below with a one-sided Clopper-Pearson bound, which is at
 most ``alpha ** (1 / N)`` even when all N draws agree, so N caps the certified radius of every
-classifier (see :mod:`harness.smoothing`). Works from the numbers alone; no model needed.
+classifier (see :mod:`harness.certify.smoothing`). Works from the numbers alone; no model needed.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Callable
 
 from harness.cli.argtypes import COUNT, PROBABILITY
 from harness.errors import UsageError
-from harness.schema import Rule, arg_type
+from harness.api.schema import Rule, arg_type
 
 SIGMA = arg_type(float, Rule(low=0, low_open=True))
 RADIUS = arg_type(float, Rule(low=0))
@@ -54,7 +54,7 @@ def budget_text(ns: list[int], alpha: float, sigma: float, radii: list[float]) -
     """The budget report as text (used by the CLI and docs/certification.md)."""
     from scipy import stats
 
-    from harness.smoothing import (lower_confidence_bound, max_certifiable_radius, min_samples_for_radius,
+    from harness.certify.smoothing import (lower_confidence_bound, max_certifiable_radius, min_samples_for_radius,
                                    min_votes_for_radius)
 
     lines = [f"Randomized smoothing (CERTIFY, Cohen et al. 2019): alpha = {alpha:g}, sigma = {sigma:g}",

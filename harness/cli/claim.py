@@ -49,9 +49,9 @@ def _count(pct_value: float, n: int, name: str) -> tuple[int, str | None]:
 def claim_text(a: float, b: float, n_a: int, n_b: int, *, confidence: float = 0.95, alpha: float = 0.05,
                power: float = 0.8, discordance: float | None = None) -> str:
     """The full claim check as text (used by the CLI and docs/statistics.md)."""
-    from harness.paired import newcombe_difference, two_proportion_test
-    from harness.planning import n_for_difference_paired, n_for_difference_unpaired
-    from harness.stats import clopper_pearson, wilson
+    from harness.stats.paired import newcombe_difference, two_proportion_test
+    from harness.stats.planning import n_for_difference_paired, n_for_difference_unpaired
+    from harness.stats.intervals import clopper_pearson, wilson
 
     k_a, note_a = _count(a, n_a, "a")
     k_b, note_b = _count(b, n_b, "b")
@@ -67,7 +67,7 @@ def claim_text(a: float, b: float, n_a: int, n_b: int, *, confidence: float = 0.
     lines.append(f"A - B: {100 * d.estimate:+.2f} points, {c} interval [{100 * d.low:+.1f}, {100 * d.high:+.1f}] "
                  f"(Newcombe hybrid score, unpaired)")
     lines.append(f"Two-proportion z-test (pooled, two-sided): z = {z:.2f}, p = {p:.3g}")
-    supported = p < alpha and (d.low > 0 or d.high < 0)
+    supported = p < alpha and d.excludes(0.0)
     if supported:
         lines.append(f"Verdict: SUPPORTED at alpha = {alpha:g}: the interval of the difference excludes 0.")
     else:

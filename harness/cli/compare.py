@@ -35,10 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.compare import BudgetMismatchError, compare_text
+    from harness.reports.compare import BudgetMismatchError, compare_text
 
-    from harness.store import RunKind, check_format
-    from reports.certified import certified_compare_text
+    from harness.store.rundir import RunKind, check_format
+    from harness.reports.certified import certified_compare_text
 
     try:
         if RunKind.CERTIFY in (check_format(args.run_a), check_format(args.run_b)):

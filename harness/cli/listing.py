@@ -19,14 +19,14 @@ def _first_line(obj: object) -> str:
 
 def main(args: argparse.Namespace) -> int:
     if args.what == "defenses":
-        from harness.defense import DEFENSES
+        from harness.api.defense import DEFENSES
         rows = [(n, _first_line(DEFENSES.get(n))) for n in DEFENSES.names(args.pattern)]
     elif args.what == "attacks":
-        from harness.attack import ATTACKS
+        from harness.api.attack import ATTACKS
         rows = [(n, _first_line(ATTACKS.get(n))) for n in ATTACKS.names(args.pattern)]
     else:
         import fnmatch
-        from harness.presets import list_presets
+        from harness.battery.presets import list_presets
         rows = [(n, d) for n, d in list_presets().items() if fnmatch.fnmatch(n, args.pattern)]
     width = max((len(n) for n, _ in rows), default=0)
     for name, doc in rows:

@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.planning import n_for_difference_paired, n_for_difference_unpaired, n_for_half_width
+    from harness.stats.planning import n_for_difference_paired, n_for_difference_unpaired, n_for_half_width
 
     lines = []
     if args.half_width is not None or args.accuracy is not None:

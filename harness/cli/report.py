@@ -6,11 +6,11 @@ from pathlib import Path
 
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED
 from harness.errors import UsageError
-from harness.store import RunKind, check_format
+from harness.store.rundir import RunKind, check_format
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from reports import FORMATS
+    from harness.reports import FORMATS
 
     p = subparsers.add_parser("report", help="table of clean/robust accuracy with 95%% intervals from run directories",
                               description="Combine run directories into one table: a row per defense, a column per "
@@ -33,14 +33,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness import atomic
-    from reports import render
+    from harness.reports import render
 
     if args.output is not None and args.output.is_dir():
         raise UsageError(f"--output {str(args.output)!r} is a directory; --output/-o takes a file path, e.g. "
                          f"{str(args.output / ('report.' + args.format))!r}")
     kinds = {check_format(r) for r in args.runs}
     if kinds == {RunKind.CERTIFY}:
-        from reports.certified import certified_text
+        from harness.reports.certified import certified_text
         text = certified_text(args.runs, args.format, radii=args.radii, confidence=args.confidence, seed=args.seed,
                               n_resamples=args.resamples, partial=args.partial)
     elif RunKind.CERTIFY in kinds:

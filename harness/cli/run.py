@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.argtypes import NONNEGATIVE, POSITIVE, number_or_fraction, shard_slice
-from harness.config import RunConfig, config_from_mapping, load_toml, merge, parse_key_values
-from harness.defense import GRAD_MODES
+from harness.api.config import RunConfig, config_from_mapping, load_toml, merge, parse_key_values
+from harness.api.defense import GRAD_MODES
 from harness.errors import UsageError
 from harness.progress import setup_logging
-from harness.completeness import completeness
+from harness.store.status import completeness
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -129,7 +129,7 @@ def check_destination(cfg: RunConfig) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.runner import estimate_run, run
+    from harness.run.runner import estimate_run, run
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
     if args.estimate:
@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 0
     try:
-        from reports import render
+        from harness.reports import render
         table = render([run_dir], args.format)
     except Exception as exc:
         raise RuntimeError(f"the run finished and its records are in {str(run_dir)!r}, but rendering the table failed "

@@ -1,6 +1,6 @@
 """``harness train RECIPE ...``: training recipes for the models defenses need.
 
-One subcommand per registered recipe (:mod:`harness.training`): the built-in ``at``/``a3`` (fast
+One subcommand per registered recipe (:mod:`harness.training.recipe`): the built-in ``at``/``a3`` (fast
 adversarial training of the small CIFAR-10 CNN, without and with the A3 module), ``mae`` (the
 masked autoencoder AMRM-Pure purifies with) and ``ramrm`` (fine-tune that MAE through the purifier),
 plus any recipe a package registers through the entry-point group ``harness.recipes``.
@@ -12,8 +12,8 @@ import logging
 import shlex
 from functools import partial
 
-from harness.registry import RegistryError
-from harness.training import Recipe, get_recipe, recipe_names
+from harness.api.registry import RegistryError
+from harness.training.recipe import Recipe, get_recipe, recipe_names
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +45,8 @@ def spelled_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
         value = getattr(args, action.dest, None)
         if isinstance(action, argparse._StoreTrueAction):
             parts += [action.option_strings[-1]] if value else []
+        elif isinstance(value, tuple):  # parsed from one comma-separated value (e.g. --channels 32,64,64)
+            parts += [action.option_strings[-1], shlex.quote(",".join(map(str, value)))]
         elif isinstance(value, list):  # repeatable options
             parts += [part for item in value for part in (action.option_strings[-1], shlex.quote(str(item)))]
         elif value is not None:
@@ -60,7 +62,7 @@ def _run(recipe: Recipe, parser: argparse.ArgumentParser, args: argparse.Namespa
     fn = recipe.run
     while isinstance(fn, partial):
         fn = fn.func
-    for name in ("harness.training", getattr(fn, "__module__", None)):  # the recipe's progress lines
+    for name in ("harness.training.recipe", getattr(fn, "__module__", None)):  # the recipe's progress lines
         if name:
             logging.getLogger(name).setLevel(logging.INFO)
     args.command_line = spelled_out(parser, args)

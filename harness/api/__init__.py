@@ -1,0 +1,31 @@
+"""The contracts a plugin author uses: what a defense and an attack are, the threat model, what an attack
+sees of the defense (:class:`Target`), the losses, the flags a diagnostic raises, the run configuration
+and the errors. Everything else in the harness is built on these; nothing here imports the other rooms.
+
+- :mod:`harness.api.defense`     -- ``Defense`` (purifier + classifier), gradient modes, the defense registry.
+- :mod:`harness.api.attack`      -- ``Attack`` (the base class enforces the threat model), its registry.
+- :mod:`harness.api.threat`      -- ``ThreatModel``: the norm ball and the projection onto it.
+- :mod:`harness.api.target`      -- gradients under a gradient mode, batched EOT, budget counting.
+- :mod:`harness.api.losses`      -- per-sample attack losses (cross-entropy, margin, DLR).
+- :mod:`harness.api.evaluation`  -- a defense's outputs as predictions (non-finite and tied outputs are never correct).
+- :mod:`harness.api.grad`        -- exact gradients through iterative purifiers at flat memory.
+- :mod:`harness.api.flags`       -- the diagnostics' flag codes.
+- :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
+- :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
+"""
+from harness.api.attack import (ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, create_attack,
+                                list_attacks, register_attack)
+from harness.api.config import RunConfig
+from harness.api.defense import DEFENSES, Defense, SmoothingNoise, create_defense, list_defenses, register_defense
+from harness.api.flags import FlagCode
+from harness.api.losses import LOSSES, get_loss
+from harness.api.registry import Registry, RegistryError
+from harness.api.target import Target
+from harness.api.threat import ThreatModel
+from harness.errors import ConfigError, DataError, HarnessError, MissingInputError, SetupError, UsageError
+
+__all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "ConfigError", "DEFENSES",
+           "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "MissingInputError", "Registry",
+           "RegistryError", "RunConfig", "SetupError", "SmoothingNoise", "Target", "ThreatModel", "UsageError",
+           "create_attack", "create_defense", "get_loss", "list_attacks", "list_defenses", "register_attack",
+           "register_defense"]

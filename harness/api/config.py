@@ -1,0 +1,238 @@
+"""The run configuration: one dataclass, filled from a TOML file (``--config run.toml``) and
+command-line flags (flags win), and written back fully resolved as ``config.toml`` in the run
+directory so a run can be reproduced and resumed exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+import tomli_w
+
+from harness.sources.datasets import DATASETS
+from harness.api.defense import GRAD_MODES
+from harness.errors import ConfigError, MissingInputError
+from harness.api.schema import NO_RULE, Rule, problem
+
+# fields that do not change results and are left out of the run id
+NON_RESULT_FIELDS = ("device", "batch_size", "quiet", "out", "run_id", "data_root", "download", "escalations")
+# fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
+# otherwise, so older run ids stay valid
+LATER_FIELDS: dict[str, Any] = {"until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
+                                "compile": False, "module_mode": None, "probe_gradients": True}
+
+
+@dataclass
+class RunConfig:
+    """Everything that determines a run. ``battery`` and ``escalations`` hold resolved attack specs (dicts)."""
+    defense: str = "none"
+    defense_opts: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "cifar10"
+    data_root: str | None = None
+    download: bool = False
+    n: int | str = "all"
+    seed: int = 0
+    eps: float = 8 / 255
+    norm: str = "Linf"
+    grad: str | None = None  # None: not given (harness.battery.resolve decides per attack; default full)
+    eot: int | None = None  # None: not given (harness.battery.resolve: 1 deterministic, the attack's default if stochastic)
+    eval_repeats: int | None = None  # None: 10 for stochastic defenses, 1 otherwise
+    every_attack: bool = False
+    attacks: str | None = None  # None: not given (prepare() picks rand for stochastic defenses, else standard)
+    attack_opts: dict[str, Any] = field(default_factory=dict)
+    battery: list[dict[str, Any]] = field(default_factory=list)
+    escalate: bool = True
+    # skip later battery stages whose gradient mode a diagnostic found dead (harness.diagnostics.after_stage.dead_gradient)
+    skip_dead_gradients: bool = True
+    # probe each gradient mode on the first batch and move attacks off dead ones (harness.diagnostics.preflight)
+    probe_gradients: bool = True
+    # modules handed over in training mode: None (refuse when that changes outputs), "eval" or "train"
+    module_mode: str | None = None
+    escalations: list[dict[str, Any]] = field(default_factory=list)
+    shard_size: int = 256
+    batch_size: int = 256
+    device: str = "auto"
+    autocast: str = "none"
+    channels_last: bool = False  # networks and inputs in channels-last memory format (harness.run.acceleration)
+    compile: bool = False  # the defense's networks behind torch.compile (harness.run.acceleration)
+    save_adversarials: bool = False
+    out: str = "runs"
+    run_id: str | None = None
+    quiet: bool = False
+    until: str | None = None  # sequential stopping rule (harness.stats.stopping): "half-width=H" or "decided"
+    against: str | None = None  # the run directory "decided" compares with
+
+    def __post_init__(self) -> None:
+        check_values(vars(self), source="RunConfig")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def result_dict(self) -> dict[str, Any]:
+        """The fields that determine results (the run-id hash input)."""
+        return {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
+
+    def fingerprint(self) -> str:
+        values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+        blob = json.dumps(values, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+FIELD_NAMES = {f.name for f in dataclasses.fields(RunConfig)}
+
+# The schema: each field's type is its RunConfig annotation; ranges and accepted strings are declared here.
+RULES: dict[str, Rule] = {
+    "eps": Rule(low=0),
+    "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.api.seeding keeps the run seed's low 32 bits
+    "n": Rule(low=1, choices=("all",)),
+    "eot": Rule(low=1), "eval_repeats": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
+    "norm": Rule(choices=("Linf", "L2", "L1")),
+    "grad": Rule(choices=GRAD_MODES),
+    "dataset": Rule(choices=tuple(DATASETS)),
+    "autocast": Rule(choices=("none", "bf16")),
+    "module_mode": Rule(choices=("eval", "train")),
+}
+# command-line flags whose name is not --<key with dashes>
+FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate",
+         "skip_dead_gradients": "--no-skip-dead-gradients", "probe_gradients": "--no-gradient-probe"}
+
+
+def _schema() -> dict[str, tuple[Any, Rule, Any]]:
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: (hints[f.name], RULES.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
+
+
+def check_values(values: Mapping[str, Any], *, source: str | None) -> None:
+    """Raise :class:`ConfigError` naming every value that does not fit the schema.
+
+    ``source`` names where the values came from (a file: ``run.toml: key 'eps' must be ...``);
+    ``None`` means command-line flags (``--eps must be ...``). ``None`` values mean "default" where
+    the field's default is ``None``.
+    """
+    schema, problems = _schema(), []
+    for key, value in values.items():
+        if key not in schema:
+            continue
+        hint, rule, default = schema[key]
+        if value is None and default is None:
+            continue
+        msg = problem(value, hint, rule)
+        if msg:
+            name = FLAGS.get(key, f"--{key.replace('_', '-')}") if source is None else f"{source}: key {key!r}"
+            problems.append(f"{name} {msg}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def config_warnings(cfg: RunConfig, trained_on: str | None = None) -> list[str]:
+    """Settings that are valid but almost certainly not meant: a budget covering the whole input
+    range, or a classifier trained on another dataset (``trained_on``) than the run evaluates."""
+    out = []
+    if cfg.norm == "Linf" and cfg.eps >= 1:
+        hint = f"; did you mean {cfg.eps:g}/255?" if cfg.eps <= 255 else ""
+        out.append(f"eps = {cfg.eps:g} under Linf is not below the width of the input range [0, 1]: the ball holds "
+                   f"every image, so the robust accuracy measures nothing{hint}")
+    if trained_on is not None and trained_on != cfg.dataset:
+        out.append(f"the classifier was trained on {trained_on} but the run evaluates it on {cfg.dataset} (the class "
+                   f"counts match, so nothing else stops this); pick --dataset {trained_on} or a {cfg.dataset} classifier")
+    return out
+
+
+def parse_literal(text: str) -> Any:
+    """Parse a TOML literal (``3``, ``0.5``, ``true``, ``"x"``, ``[1, 2]``); anything else stays a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_key_values(items: list[str] | None, flag: str) -> dict[str, Any]:
+    """``["k=v", ...]`` -> ``{k: literal(v)}``; a malformed item raises naming the flag."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} expects key=value (value a TOML literal, e.g. sigma=0.1 or name=\"x\"), got {item!r}")
+        out[key.strip()] = parse_literal(value.strip())
+    return out
+
+
+def load_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """Parse a TOML file; a missing, unreadable or malformed file raises naming it (``what`` says which file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingInputError(f"{what} {str(path)!r} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not a text (UTF-8) file, so not TOML: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from exc
+
+
+def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunConfig:
+    """Build a :class:`RunConfig` from a mapping (TOML table); unknown keys raise listing the accepted ones.
+
+    Accepts the ``[defense]`` table form too: ``defense = {name = "bit-depth", bits = 3}``.
+    """
+    data = dict(data)
+    if isinstance(data.get("defense"), dict):
+        table = dict(data.pop("defense"))
+        if "name" not in table:
+            raise ConfigError(f"{source}: the [defense] table needs a 'name' key")
+        data["defense"] = table.pop("name")
+        data["defense_opts"] = {**table, **data.get("defense_opts", {})}
+    unknown = sorted(set(data) - FIELD_NAMES)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(sorted(FIELD_NAMES))}")
+    check_values(data, source=source)
+    return RunConfig(**data)
+
+
+def merge(base: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """``base`` with every non-None override applied (dict options are merged, overrides winning)."""
+    values = base.to_dict()
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in FIELD_NAMES:
+            raise ConfigError(f"unknown config key {key!r}; accepted: {', '.join(sorted(FIELD_NAMES))}")
+        check_values({key: value}, source=None)
+        if isinstance(value, dict) and isinstance(values.get(key), dict):
+            values[key] = {**values[key], **value}
+        else:
+            values[key] = value
+    return RunConfig(**values)
+
+
+def _strip_none(obj: Any) -> Any:
+    # TOML has no null: drop None entries (they mean "default" everywhere in RunConfig)
+    if isinstance(obj, dict):
+        return {k: _strip_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_strip_none(v) for v in obj if v is not None]
+    return obj
+
+
+def dumps(cfg: RunConfig) -> str:
+    return tomli_w.dumps(_strip_none(cfg.to_dict()))
+
+
+def write_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as TOML (atomically)."""
+    from harness import atomic
+    atomic.write_text(path, dumps(cfg))
+
+
+def read_config(path: str | Path) -> RunConfig:
+    return config_from_mapping(load_toml(path), source=str(path))

@@ -1,0 +1,104 @@
+"""Battery entries and presets: an :class:`AttackSpec` per attack, read from ``presets/*.toml``,
+a user's TOML file, or attack names on the command line. When the user names no battery, the
+default is ``rand`` (AutoAttack's configuration for randomized defenses: APGD-CE and APGD-DLR with
+EOT) for a stochastic defense and ``standard`` otherwise (:func:`default_preset`)."""
+from __future__ import annotations
+
+import importlib.resources
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from harness.api.attack import ATTACKS
+from harness.api.config import load_toml
+from harness.errors import MissingInputError, UsageError
+from harness.battery.spec import AttackSpec
+
+ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.diagnostics.escalation)
+
+PRESET_GROUP = "harness.presets"  # entry-point group: packages whose *.toml files are presets
+
+
+def preset_dirs() -> list[Path]:
+    """The folders holding battery presets: one per package named in the entry-point group ``harness.presets``
+    (the built-in ones are ``harness.presets``, installed from the repository's ``presets/``)."""
+    return [Path(str(importlib.resources.files(ep.module))) for ep in entry_points(group=PRESET_GROUP)]
+
+
+def _preset_path(name: str, directories: list[Path]) -> Path | None:
+    return next((d / f"{name}.toml" for d in directories if (d / f"{name}.toml").is_file()), None)
+
+
+def default_preset(stochastic: bool) -> str:
+    """The battery used when none is named: ``rand`` for a stochastic defense, else ``standard``."""
+    return "rand" if stochastic else "standard"
+
+
+def list_presets(directory: Path | None = None) -> dict[str, str]:
+    """Preset name -> description for every preset (of ``directory``, else of :func:`preset_dirs`; the first
+    folder naming a preset wins)."""
+    out: dict[str, str] = {}
+    for path in sorted(p for d in ([directory] if directory else preset_dirs()) for p in d.glob("*.toml")):
+        if path.stem in out:
+            continue
+        try:
+            out[path.stem] = str(load_toml(path).get("description", ""))
+        except (ValueError, FileNotFoundError) as exc:
+            out[path.stem] = f"(invalid: {exc})"
+    return out
+
+
+def load_preset_file(path: Path) -> list[AttackSpec]:
+    data = load_toml(path)
+    entries = data.get("attacks")
+    if not isinstance(entries, list) or not entries:
+        raise UsageError(f"battery file {str(path)!r} needs a non-empty [[attacks]] array of tables "
+                         "(each with attack = \"<registry name>\", optional name, options, grad, eot)")
+    specs = [AttackSpec.from_dict(e, source=str(path)) for e in entries]
+    for spec in specs:
+        spec.check(f"battery file {str(path)!r}, entry {spec.name!r} (attack {spec.attack!r})")
+    return specs
+
+
+def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
+                    preset_dir: Path | None = None) -> list[AttackSpec]:
+    """Resolve ``--attacks``: a preset name, a path to a TOML battery, or ``name,name,...`` registry names.
+
+    ``attack_opts`` ``{"key": v}`` applies to every attack, ``{"name.key": v}`` to the attack ``name``
+    (``grad``/``eot`` included: they become per-attack options, see ``harness.battery.resolve``); ``{"esc-name.key": v}``
+    is left to the escalation attack ``esc-name``, if a diagnostic adds it (``harness.diagnostics.merge``).
+    """
+    attacks = attacks.strip()
+    directories = [preset_dir] if preset_dir else preset_dirs()
+    path = Path(attacks).expanduser()
+    if attacks.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise MissingInputError(f"battery file {attacks!r} does not exist; --attacks accepts a preset "
+                                    f"({', '.join(list_presets(preset_dir))}), a TOML file, or attack names separated by commas")
+        specs = load_preset_file(path)
+    elif (preset := _preset_path(attacks, directories)) is not None:
+        specs = load_preset_file(preset)
+    else:
+        specs = []
+        for name in filter(None, (s.strip() for s in attacks.split(","))):
+            if name not in ATTACKS and ":" not in name:
+                raise UsageError(f"unknown attack or preset {name!r}. Presets: {', '.join(list_presets(preset_dir))}. "
+                                 f"Attacks: {', '.join(ATTACKS.names())}.")
+            specs.append(AttackSpec(name=name, attack=name))
+        if not specs:
+            raise UsageError("--attacks is empty; give a preset name, a TOML file or attack names")
+    for key, value in (attack_opts or {}).items():
+        target, _, opt = key.rpartition(".")
+        hits = [s for s in specs if not target or s.name == target]
+        if target.startswith(ESCALATION_PREFIX):  # an escalation attack's option: applied if it is added
+            continue
+        if target and not hits:
+            raise UsageError(f"--attack-opt {key}: no attack named {target!r} in the battery ({', '.join(s.name for s in specs)})")
+        for s in hits:
+            s.options[opt] = value
+    seen: set[str] = set()
+    for s in specs:
+        if s.name in seen:
+            raise UsageError(f"attack name {s.name!r} appears twice in the battery; give each entry a unique name")
+        seen.add(s.name)
+    return specs

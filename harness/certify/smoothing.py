@@ -1,0 +1,211 @@
+"""Gaussian randomized smoothing: CERTIFY and PREDICT of Cohen, Rosenfeld & Kolter (2019).
+
+The smoothed classifier ``g(x) = argmax_c P(f(x + e) = c)``, ``e ~ N(0, sigma^2 I)``, is robust in L2
+within ``sigma * Phi^-1(p_A)`` of ``x`` when its top class has probability ``p_A`` (their Theorem 1).
+CERTIFY replaces ``p_A`` by a one-sided (1 - alpha) Clopper-Pearson lower bound from ``n`` noise draws,
+so a certificate is wrong with probability at most ``alpha``. Because even ``n`` of ``n`` votes give
+a lower bound of only ``alpha ** (1 / n)``, the sample count caps the radius any classifier can
+certify: :func:`max_certifiable_radius` and :func:`min_samples_for_radius` compute that cap.
+
+Conventions: a draw whose logits are not all finite votes for no class (it still counts in ``n``, so
+it lowers ``p_A``'s bound like a vote for another class); an abstention has prediction ``-1`` and
+radius ``0.0`` (as in Cohen et al.'s code). Noise comes only from the caller's ``torch.Generator``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from scipy import stats
+from torch import Tensor
+
+from harness.stats.fractions import check_fraction
+
+ABSTAIN = -1
+_EXACT_LIMIT = 10**8  # beyond this, float64 alpha ** (1 / n) no longer tells n from n - 1
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The outcome of :func:`certify` for one input, with the counts it was computed from."""
+    prediction: int  # the smoothed classifier's class, or ABSTAIN (-1)
+    p_a_lower: float  # (1 - alpha) lower confidence bound on p_A from the estimation draws
+    radius: float  # certified L2 radius sigma * Phi^-1(p_a_lower); 0.0 on abstain
+    abstain: bool
+    counts_selection: tuple[int, ...]  # votes per class in the n0 selection draws
+    counts_estimation: tuple[int, ...]  # votes per class in the n estimation draws
+    n0: int
+    n: int
+    sigma: float
+    alpha: float
+    nonfinite: int  # draws (of n0 + n) whose logits were not all finite: votes for no class
+
+
+def _check_sigma(sigma: float) -> None:
+    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
+
+
+def _check_alpha(alpha: float) -> None:
+    check_fraction("alpha", alpha)
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def sample_counts(model: Callable[[Tensor], Tensor], x: Tensor, *, sigma: float, num: int, batch_size: int,
+                  num_classes: int, generator: torch.Generator) -> Tensor:
+    """Votes per class (int64 on the CPU, shape ``(num_classes,)``) of ``argmax model(x + sigma * e)`` over ``num``
+    Gaussian draws ``e`` for ONE unbatched input ``x`` (e.g. C,H,W), evaluated ``batch_size`` at a time.
+
+    A draw whose logits row has any NaN or infinity votes for no class, so the counts sum to ``num``
+    minus the number of such draws. Noise is drawn from ``generator`` on its own device (use one on
+    ``x``'s device to avoid copies); the global RNG is untouched. The model should be in eval mode.
+    """
+    _check_sigma(sigma)
+    _check_count("num", num)
+    _check_count("batch_size", batch_size)
+    _check_count("num_classes", num_classes)
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor (one unbatched input), got {type(x).__name__}"
+                         f"{'' if not isinstance(x, Tensor) else ' of dtype ' + str(x.dtype)}")
+    counts = torch.zeros(num_classes, dtype=torch.int64)
+    remaining = num
+    with torch.no_grad():
+        while remaining > 0:
+            b = min(batch_size, remaining)
+            noise = torch.randn((b, *x.shape), generator=generator, device=generator.device, dtype=x.dtype)
+            logits = model(x.unsqueeze(0) + sigma * noise.to(x.device))
+            if not isinstance(logits, Tensor) or tuple(logits.shape) != (b, num_classes):
+                shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+                raise ValueError(f"model must return logits of shape (batch, num_classes) = ({b}, {num_classes}), "
+                                 f"got {shape}")
+            finite = torch.isfinite(logits).all(dim=1)
+            votes = logits[finite].argmax(dim=1)
+            counts += torch.bincount(votes.cpu(), minlength=num_classes)
+            remaining -= b
+    return counts
+
+
+def lower_confidence_bound(k: int, n: int, alpha: float) -> float:
+    """One-sided (1 - alpha) Clopper-Pearson lower bound on a binomial proportion from ``k`` of ``n``.
+
+    ``beta.ppf(alpha, k, n - k + 1)`` (0 when k = 0): what Cohen et al. get from statsmodels'
+    ``proportion_confint(k, n, alpha=2 * alpha, method="beta")[0]``; ``alpha ** (1 / n)`` at k = n.
+    """
+    _check_alpha(alpha)
+    _check_count("n", n)
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
+        raise ValueError(f"k must be an integer in [0, n] = [0, {n}], got {k!r}")
+    return 0.0 if k == 0 else float(stats.beta.ppf(alpha, float(k), float(n - k + 1)))
+
+
+def _radius(p_lower: float, sigma: float) -> float:
+    return float(sigma * stats.norm.ppf(p_lower))
+
+
+def certify(model: Callable[[Tensor], Tensor], x: Tensor, *, sigma: float, n0: int, n: int, alpha: float,
+            batch_size: int, num_classes: int, generator: torch.Generator) -> Certificate:
+    """Cohen et al.'s CERTIFY: pick the top class from ``n0`` draws, bound its probability from ``n``
+    fresh draws (selection and estimation must not share draws), abstain if the bound is below 1/2.
+
+    With probability at least 1 - alpha over the noise, a non-abstaining prediction is the smoothed
+    classifier's class at every point within ``radius`` (L2) of ``x``.
+    """
+    _check_alpha(alpha)
+    _check_count("n0", n0)
+    _check_count("n", n)
+    common = dict(sigma=sigma, batch_size=batch_size, num_classes=num_classes, generator=generator)
+    selection = sample_counts(model, x, num=n0, **common)
+    top = int(selection.argmax())
+    estimation = sample_counts(model, x, num=n, **common)
+    p_lower = lower_confidence_bound(int(estimation[top]), n, alpha)
+    abstain = p_lower < 0.5
+    nonfinite = n0 + n - int(selection.sum()) - int(estimation.sum())
+    return Certificate(prediction=ABSTAIN if abstain else top, p_a_lower=p_lower,
+                       radius=0.0 if abstain else _radius(p_lower, sigma), abstain=abstain,
+                       counts_selection=tuple(int(c) for c in selection),
+                       counts_estimation=tuple(int(c) for c in estimation),
+                       n0=n0, n=n, sigma=float(sigma), alpha=float(alpha), nonfinite=nonfinite)
+
+
+def predict(model: Callable[[Tensor], Tensor], x: Tensor, *, sigma: float, n: int, alpha: float, batch_size: int,
+            num_classes: int, generator: torch.Generator) -> int:
+    """Cohen et al.'s PREDICT: the top class of ``n`` draws, or ABSTAIN (-1) unless a two-sided binomial
+    test of its count against the runner-up's rejects a tie at level ``alpha`` (then the returned
+    class differs from the smoothed classifier's with probability at most ``alpha``)."""
+    _check_alpha(alpha)
+    _check_count("n", n)
+    counts = sample_counts(model, x, sigma=sigma, num=n, batch_size=batch_size, num_classes=num_classes,
+                           generator=generator)
+    ordered, classes = torch.sort(counts, descending=True, stable=True)
+    n_a = int(ordered[0])
+    n_b = int(ordered[1]) if num_classes > 1 else 0
+    if n_a + n_b == 0 or stats.binomtest(n_a, n_a + n_b, 0.5).pvalue > alpha:
+        return ABSTAIN
+    return int(classes[0])
+
+
+def max_certifiable_radius(n: int, alpha: float, sigma: float) -> float:
+    """The largest radius CERTIFY can return with ``n`` estimation draws, reached only when all ``n``
+    vote for one class: ``sigma * Phi^-1(alpha ** (1 / n))``, whatever the classifier.
+
+    Negative when even n of n votes give a bound below 1/2 (n < ln alpha / ln 1/2): CERTIFY then
+    always abstains. E.g. alpha = 0.001: 3.20 sigma at n = 10,000, 3.81 sigma at n = 100,000.
+    """
+    _check_sigma(sigma)
+    return _radius(lower_confidence_bound(n, n, alpha), sigma)
+
+
+def min_samples_for_radius(radius: float, alpha: float, sigma: float) -> int:
+    """The smallest ``n`` whose n-of-n certificate reaches ``radius`` (``max_certifiable_radius(n) >= radius``):
+    ``ceil(ln alpha / ln Phi(radius / sigma))``, settled at the integer with the same bound CERTIFY uses.
+
+    Exact up to n = 1e8 (about 5.3 sigma at alpha = 0.001); beyond it float64 cannot tell
+    ``alpha ** (1 / n)`` from ``alpha ** (1 / (n - 1))`` and the closed form is returned.
+    ``radius = 0`` gives the smallest n at which CERTIFY can avoid abstaining.
+    """
+    _check_alpha(alpha)
+    _check_sigma(sigma)
+    if not (isinstance(radius, (int, float)) and math.isfinite(radius) and radius >= 0):
+        raise ValueError(f"radius must be a finite number >= 0, got {radius!r}")
+    log_phi = float(stats.norm.logcdf(radius / sigma))
+    if log_phi == 0.0:
+        raise ValueError(f"radius must be below about 38 sigma (float64 cannot tell Phi(radius / sigma) from 1), "
+                         f"got {radius!r} = {radius / sigma:.1f} sigma")
+    n = max(1, math.ceil(math.log(alpha) / log_phi))
+
+    def reaches(m: int) -> bool:
+        return max_certifiable_radius(m, alpha, sigma) >= radius
+
+    if n <= _EXACT_LIMIT:  # the closed form's rounding is a step or two at most
+        for _ in range(8):
+            if not reaches(n):
+                n += 1
+            elif n > 1 and reaches(n - 1):
+                n -= 1
+            else:
+                break
+    return n
+
+
+def min_votes_for_radius(radius: float, n: int, alpha: float, sigma: float) -> int | None:
+    """The fewest votes (of ``n``) for the top class with which CERTIFY reaches ``radius``, or None if
+    even ``n`` of ``n`` do not (``radius > max_certifiable_radius(n, alpha, sigma)``)."""
+    _check_count("n", n)
+    if radius < 0 or not math.isfinite(radius):
+        raise ValueError(f"radius must be a finite number >= 0, got {radius!r}")
+    if max_certifiable_radius(n, alpha, sigma) < radius:
+        return None
+    low, high = 1, n  # the bound increases with k: find the smallest k that reaches radius
+    while low < high:
+        mid = (low + high) // 2
+        if _radius(lower_confidence_bound(mid, n, alpha), sigma) >= radius:
+            high = mid
+        else:
+            low = mid + 1
+    return low

@@ -1,0 +1,398 @@
+"""Diagnostics that tell a failed attack from a robust defense, computed after every battery stage.
+
+The battery calls :func:`after_stage` with a :class:`harness.run.stage.StageOutcome`; each check
+returns a :class:`Flag` with a one-line remedy and the attacks that address it
+(``harness.diagnostics.escalation``). The checks follow AutoAttack's own checks (Croce & Hein, 2020), Carlini
+et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pintor et al., 2022):
+
+- ``acc-still-falling``: the attack's accuracy trace still drops over its last 10% of iterations;
+- ``masking-large-eps``: an unbounded PGD (ε = the whole input range, no random start) on a few
+  samples the attack failed on does not reach ≈0% (gradient masking);
+- ``blackbox-beats-whitebox``: a gradient-free or transfer stage breaks samples the earlier
+  (white-box) stages left robust;
+- ``zero-grad`` / ``nonfinite-grad`` / ``ce-vanishing`` / ``loss-flat``: input gradients that are
+  zero, NaN or inf (cross-entropy only: ``ce-vanishing``), or a loss that did not increase;
+- ``eot-disagree``: two independent EOT gradient estimates have a low cosine similarity;
+- ``identity-jacobian``: the purifier's exact Jacobian is identity-like (``harness.diagnostics.gradcheck``);
+- ``noise-beats-attack``: random noise of the same norm breaks samples the attack failed on;
+- ``probability-logits``: the outputs look like probabilities, not logits;
+- ``non-finite-logits``: some adversarial inputs give NaN/inf logits (counted as not robust);
+- ``threat-model-violation``: the attack returned inputs outside the ε-ball or the bounds (projected back);
+- ``tied-logits``: an evaluated input had a tie for the top logit (a wrong answer);
+- ``verdict-disagrees``: fresh instances of the defense answer otherwise than the one the attacks queried
+  (``harness.run.verdict``).
+
+Checks that need extra passes run on at most ``CHECKED_FAILURES`` failed samples, inside a forked RNG seeded
+from the stage's seed, so they are cheap and a resumed run raises the same flags.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harness.diagnostics import escalation
+from harness.api.evaluation import correct
+from harness.api.flags import FlagCode
+from harness.diagnostics.gradcheck import carries_signal, gradient_health, identity_like, jacobian_alignment
+from harness.api.losses import cross_entropy, margin
+from harness.api.target import Target
+from harness.api.threat import project_ball
+
+CHECKED_FAILURES = 8  # samples used by the checks that spend extra passes
+EOT_PROBE = 32  # samples whose mean gradient cosine decides eot-disagree (per-sample cosines vary widely)
+NOISE_SAMPLES = 64  # samples (and 4 draws each) for the random-noise check
+FALLING_WINDOW = 0.1  # last share of the accuracy trace inspected
+FALLING_MIN_DROP = 0.01  # accuracy drop (fraction of attempted samples) that counts as "still falling"
+MASKING_MAX_ACC = 0.1  # an unbounded attack leaving more than this robust is masked
+ZERO_GRAD_SHARE = 0.1
+DEAD_PROBE = 64  # failed samples on which a gradient mode must carry no signal before later stages skip it
+DEAD_CODES = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD})
+LOSS_FLAT_SHARE = 0.5
+EOT_MIN_COSINE = 0.5
+SANITY_STEPS = 20
+SEED_OFFSET = 0x5EED
+
+
+@dataclass
+class Flag:
+    """One diagnostic finding on one stage: ``code``, the stage's ``attack`` name, a ``message``,
+    a one-line ``remedy``, the measured ``value`` and the battery entries that ``escalate`` it."""
+    code: FlagCode
+    attack: str
+    message: str
+    remedy: str
+    value: float = math.nan
+    escalate: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def after_stage(outcome: Any) -> list[Flag]:
+    """All flags for one stage on one shard (the battery's hook). Deterministic given the outcome."""
+    from harness.api.seeding import seeded
+
+    flags: list[Flag] = []
+    ctx = _Evidence(outcome)
+    with seeded((int(outcome.seed) + SEED_OFFSET) & 0x7FFFFFFFFFFFFFFF, outcome.x.device):
+        for check in CHECKS:
+            flag = check(ctx)
+            if flag is not None:
+                specs = escalation.rules(flag.code, spec=outcome.spec, attack=outcome.attack,
+                                         has_purifier=ctx.defense.purifier is not None, grad_mode=ctx.grad_mode,
+                                         stochastic=ctx.defense.stochastic, has_aux=ctx.has_aux,
+                                         has_surrogate=ctx.defense.has_surrogate, eot=ctx.eot, value=flag.value)
+                flag.escalate = escalation.buildable(specs, outcome.attack.eps, outcome.attack.norm)
+                flags.append(flag)
+    return flags
+
+
+def dead_gradient(outcome: Any, flags: list[Flag]) -> str | None:
+    """Why later stages in this stage's gradient mode would be wasted, or None.
+
+    Only when the stage raised ``zero-grad`` or ``nonfinite-grad`` and, on every one of up to
+    :data:`DEAD_PROBE` samples it failed on, the input gradients of both the cross-entropy and the margin
+    loss are all zero or non-finite: a gradient attack in that mode has nothing to follow there (its random
+    start aside), and the flag's escalation (BPDA, a surrogate, gradient-free attacks) is what can
+    still break them. A mode with signal on any probed sample is never called dead. Deterministic given
+    the outcome, like :func:`after_stage`."""
+    from harness.api.seeding import seeded
+
+    if not any(f.code in DEAD_CODES for f in flags):
+        return None
+    c = _Evidence(outcome)
+    _, y, xa = c.probe(DEAD_PROBE)
+    if xa.shape[0] == 0:
+        return None
+    with seeded((int(outcome.seed) + SEED_OFFSET + 1) & 0x7FFFFFFFFFFFFFFF, xa.device):
+        if carries_signal(c.target(1), xa, y):
+            return None
+    return (f"{c.grad_mode}-mode input gradients were zero or non-finite on all {xa.shape[0]} probed samples that "
+            f"survived {c.name}")
+
+
+class _Evidence:
+    """The outcome plus what the checks share: the failed samples (robust after the stage) and the target."""
+
+    def __init__(self, o: Any) -> None:
+        self.o, self.defense, self.attack, self.name = o, o.defense, o.attack, o.attack_name
+        # what the attack ran with: its target carries the resolved gradient mode and EOT (harness.battery.resolve)
+        self.grad_mode, self.eot = str(o.target.grad_mode), int(o.target.eot)
+        attempted = o.robust_before.nonzero().squeeze(1)
+        self.failed = o.robust_after[attempted]  # over the attempted samples (rows of o.x)
+        self.uses_gradients = bool(o.attack.capabilities.uses_gradients)
+        self.has_aux = _has_aux(o.defense, o.x[:1])
+        self.draws = 8 if o.defense.stochastic else 1
+
+    def probe(self, k: int = CHECKED_FAILURES) -> tuple[Tensor, Tensor, Tensor]:
+        """Up to ``k`` failed samples: clean inputs, labels and the attack's adversarials."""
+        rows = self.failed.nonzero().squeeze(1)[:k]
+        return self.o.x[rows], self.o.y[rows], self.o.x_adv[rows]
+
+    def target(self, eot: int | None = None) -> Target:
+        # separate budget: diagnostics are not the attack's cost; fresh instances if the attack had them
+        return Target(self.defense, self.grad_mode, eot or 1, fresh=self.o.target.fresh)
+
+
+def _has_aux(defense: Any, x: Tensor) -> bool:
+    try:
+        with torch.no_grad():
+            return bool(defense.auxiliary_losses(x))
+    except Exception:  # a defense whose auxiliary losses fail is treated as having none
+        return False
+
+
+def check_acc_trace(c: _Evidence) -> Flag | None:
+    trace = (c.o.result.extras or {}).get("acc_trace")
+    if not isinstance(trace, list) or len(trace) < 10 or not all(isinstance(v, (int, float)) for v in trace):
+        return None
+    start = trace[-max(2, int(math.ceil(len(trace) * FALLING_WINDOW)))]
+    drop = float(start) - float(trace[-1])
+    n = max(int(c.o.robust_before.sum()), 1)
+    if drop >= max(FALLING_MIN_DROP, 0.999 / n):
+        return Flag(FlagCode.ACC_STILL_FALLING, c.name, f"accuracy still fell by {drop:.1%} over the last "
+                    f"{FALLING_WINDOW:.0%} of {c.name}'s iterations", "run more iterations (or queries) until the "
+                    "accuracy trace is flat", drop)
+    return None
+
+
+def check_probability_logits(c: _Evidence) -> Flag | None:
+    x = c.o.x[:CHECKED_FAILURES]
+    if x.shape[0] == 0:
+        return None
+    with torch.no_grad():
+        out = c.defense.logits(x, "full").float()
+    if not torch.isfinite(out).all():
+        return None
+    alpha = 1e-5
+    if out.max() < 1 + alpha and out.min() > -alpha and ((out.sum(-1) - 1).abs() < alpha).all():
+        return Flag(FlagCode.PROBABILITY_LOGITS, c.name, "the defense's outputs are probabilities (in [0, 1], rows sum to 1), "
+                    "not logits", "return logits (drop the final softmax); cross-entropy on probabilities has vanishing "
+                    "gradients", 1.0)
+    return None
+
+
+def check_nonfinite(c: _Evidence) -> Flag | None:
+    bad = int((~c.o.finite).sum())
+    if bad:
+        return Flag(FlagCode.NON_FINITE_LOGITS, c.name, f"{bad} adversarial input(s) gave NaN/inf logits (counted as not robust)",
+                    "fix the defense's numerics; NaN/inf outputs are never counted robust", float(bad))
+    return None
+
+
+def check_threat_model(c: _Evidence) -> Flag | None:
+    """The attack returned inputs outside the threat model (the stage projected them back before evaluating)."""
+    projected, violation, threat = (getattr(c.o, k, None) for k in ("projected", "violation", "threat"))
+    if projected is None or not bool(projected.any()):
+        return None
+    worst = float(violation[projected].max())
+    return Flag(FlagCode.THREAT_MODEL_VIOLATION, c.name, f"{int(projected.sum())} adversarial input(s) lay outside the threat "
+                f"model ({threat.norm} ball of radius {threat.eps:.4g} within bounds {threat.bounds}); worst violation "
+                f"{worst:.3g}; the harness projected them back before evaluating", "fix the attack: it must return inputs "
+                "inside the eps-ball and the input bounds", worst)
+
+
+def check_gradients(c: _Evidence) -> Flag | None:
+    """Zero / non-finite input gradients at the failed adversarials; CE-only zeros mean saturated CE."""
+    if not c.uses_gradients:
+        return None
+    x, y, xa = c.probe()
+    if x.shape[0] == 0:
+        return None
+    t = c.target(1)
+    _, g_ce, _ = t.value_and_grad(xa, y, cross_entropy)
+    health = gradient_health(g_ce)
+    if health["nonfinite_frac"] >= ZERO_GRAD_SHARE:
+        return Flag(FlagCode.NONFINITE_GRAD, c.name, f"{health['nonfinite_frac']:.0%} of the failed samples have NaN/inf input "
+                    f"gradients ({c.grad_mode} mode)", "use BPDA or a surrogate gradient through the purifier, or fix "
+                    "the defense's numerics", health["nonfinite_frac"])
+    if health["zero_frac"] < ZERO_GRAD_SHARE:
+        return None
+    _, g_m, _ = t.value_and_grad(xa, y, margin)
+    zero_m = gradient_health(g_m)["zero_frac"]
+    if zero_m < ZERO_GRAD_SHARE:
+        return Flag(FlagCode.CE_VANISHING, c.name, f"cross-entropy input gradients are zero on {health['zero_frac']:.0%} of the "
+                    "failed samples but the margin loss has gradients (saturated softmax, e.g. scaled logits)",
+                    "use a margin or DLR loss (APGD-DLR)", health["zero_frac"])
+    return Flag(FlagCode.ZERO_GRAD, c.name, f"input gradients are zero on {zero_m:.0%} of the failed samples ({c.grad_mode} mode)",
+                "gradients are masked: use BPDA (identity backward) or a surrogate gradient, plus gradient-free attacks",
+                zero_m)
+
+
+def check_loss_flat(c: _Evidence) -> Flag | None:
+    if not c.uses_gradients or c.defense.stochastic:  # on stochastic defenses eot-disagree covers failed progress
+        return None
+    if c.o.attack.capabilities.returns_failed_input:  # its answer on a failed sample is the clean input itself
+        return None
+    x, y, xa = c.probe(NOISE_SAMPLES)
+    if x.shape[0] < 2:
+        return None
+    t = c.target()
+    before = cross_entropy(torch.nan_to_num(t.predict(x, c.draws)), y)
+    after = cross_entropy(torch.nan_to_num(t.predict(xa, c.draws)), y)
+    share = (after <= before + 1e-6).float().mean().item()
+    if share >= LOSS_FLAT_SHARE:
+        return Flag(FlagCode.LOSS_FLAT, c.name, f"the loss did not increase on {share:.0%} of the samples {c.name} failed on",
+                    "the attack did not make progress: check gradients, step size and loss (try a margin/DLR loss)", share)
+    return None
+
+
+def check_eot(c: _Evidence) -> Flag | None:
+    if not (c.uses_gradients and c.defense.stochastic):
+        return None
+    x, y, xa = c.probe(EOT_PROBE)
+    if x.shape[0] == 0:
+        return None
+    t = c.target(c.eot)
+    g1 = t.value_and_grad(xa, y, cross_entropy, c.eot)[1].flatten(1)
+    g2 = t.value_and_grad(xa, y, cross_entropy, c.eot)[1].flatten(1)
+    cos = torch.nn.functional.cosine_similarity(g1, g2, dim=1, eps=1e-30)
+    value = torch.nan_to_num(cos, nan=0.0).mean().item()
+    if value < EOT_MIN_COSINE:
+        return Flag(FlagCode.EOT_DISAGREE, c.name, f"two independent EOT-{c.eot} gradient estimates have mean cosine "
+                    f"{value:.2f}", "use more EOT draws per gradient", value)
+    return None
+
+
+def check_identity_jacobian(c: _Evidence) -> Flag | None:
+    if not c.uses_gradients or c.defense.purifier is None or c.grad_mode != "full":
+        return None
+    x, _, xa = c.probe()
+    if x.shape[0] == 0:
+        return None
+    with torch.no_grad():  # input-independent zero-mean noise also has an identity Jacobian, and its gradient is exact
+        offsets = torch.stack([c.defense.purify(xa, "full") - xa for _ in range(8 if c.defense.stochastic else 1)])
+    systematic = offsets.mean(0).flatten(1).norm(dim=1) >= 0.7 * offsets.flatten(2).norm(dim=2).mean(0)
+    if systematic.float().mean().item() < 0.5:
+        return None
+    align = jacobian_alignment(c.defense, xa, grad_mode="full", probes=2, seed=0)
+    if identity_like(align):
+        return Flag(FlagCode.IDENTITY_JACOBIAN, c.name, f"the purifier's exact Jacobian is identity-like (alignment {align:.3f}): "
+                    "the full gradient ignores the purification", "use BPDA+EOT or a surrogate gradient, and attack the "
+                    "purifier's own objective (joint-rec)", align)
+    return None
+
+
+def _sanity_pgd(t: Target, x: Tensor, y: Tensor, norm: str, eps: float) -> Tensor:
+    """PGD-``SANITY_STEPS`` on cross-entropy from ``x`` itself (no random start), step ``eps / 8``; returns
+    per sample the first misclassified iterate, else the highest-loss one."""
+    lo, hi = t.bounds
+    shape = (-1, *([1] * (x.dim() - 1)))
+    best, best_loss = x.clone(), torch.full((x.shape[0],), -math.inf, device=x.device)
+    hit = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    x_adv = x.clone()
+    for i in range(SANITY_STEPS + 1):
+        loss, grad, logits = t.value_and_grad(x_adv, y, cross_entropy, with_grad=i < SANITY_STEPS)
+        loss, wrong = loss.float(), ~correct(logits, y)
+        take = ~hit & (wrong | (loss > best_loss))
+        best[take], best_loss[take], hit = x_adv[take], loss[take], hit | wrong
+        if i == SANITY_STEPS:
+            break
+        g = torch.nan_to_num(grad.float())
+        step = g.sign() if norm == "Linf" else g / g.flatten(1).norm(dim=1).clamp_min(1e-12).view(shape)
+        x_adv = (x + project_ball(x_adv + eps / 8 * step - x, norm, eps)).clamp(lo, hi).detach()  # type: ignore[arg-type]
+    return best
+
+
+def check_large_eps(c: _Evidence) -> Flag | None:
+    """Unbounded PGD (no random start, so only gradients can move it) on a few failed samples."""
+    if not c.uses_gradients:
+        return None
+    x, y, _ = c.probe()
+    if x.shape[0] == 0:
+        return None
+    lo, hi = c.defense.bounds
+    norm = "L2" if c.attack.norm == "L2" else "Linf"
+    eps = (hi - lo) * (math.sqrt(x[0].numel()) if norm == "L2" else 1.0)
+    x_adv = _sanity_pgd(c.target(min(c.eot, 8) if c.defense.stochastic else 1), x, y, norm, eps)
+    logits = c.target().predict(x_adv, c.draws)
+    acc = correct(logits, y).float().mean().item()
+    if acc > MASKING_MAX_ACC:
+        return Flag(FlagCode.MASKING_LARGE_EPS, c.name, f"unbounded PGD-{SANITY_STEPS} ({norm}, eps={eps:.3g}) leaves {acc:.0%} "
+                    f"of {x.shape[0]} failed samples robust ({c.grad_mode} gradients): gradient masking",
+                    "gradients are masked: use BPDA+EOT, a surrogate gradient, a margin loss or gradient-free attacks", acc)
+    return None
+
+
+def check_blackbox(c: _Evidence) -> Flag | None:
+    if c.uses_gradients or c.o.stage <= 1:
+        return None
+    attempted = int(c.o.robust_before.sum())
+    broken = attempted - int(c.o.robust_after.sum())
+    if broken >= max(1, math.ceil(0.01 * attempted)):
+        share = broken / max(attempted, 1)
+        return Flag(FlagCode.BLACKBOX_BEATS_WHITEBOX, c.name, f"{c.name} (gradient-free/transfer) broke {broken} of {attempted} "
+                    "samples the earlier attacks left robust", "the white-box attacks are failing (masked gradients): "
+                    "use BPDA+EOT, a surrogate gradient or a margin loss", share)
+    return None
+
+
+def check_noise(c: _Evidence) -> Flag | None:
+    x, y, _ = c.probe(NOISE_SAMPLES)
+    eps = float(getattr(c.attack, "eps", 0.0))
+    if x.shape[0] == 0 or not math.isfinite(eps) or eps <= 0 or c.attack.norm not in ("Linf", "L2"):
+        return None
+    lo, hi = c.defense.bounds
+    t = c.target()
+    x, y, xa = c.probe(NOISE_SAMPLES)
+    # the attack's own point, evaluated the same way: count only samples the attack failed on under this evaluation
+    at_adv = t.predict(xa, c.draws)
+    failed = correct(at_adv, y)
+    broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    for _ in range(4):
+        if c.attack.norm == "Linf":
+            d = eps * torch.randint(0, 2, x.shape, device=x.device, dtype=x.dtype).mul(2).sub(1)
+        else:
+            d = torch.randn_like(x)
+            d = eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
+        logits = t.predict((x + d).clamp(lo, hi), c.draws)
+        broken |= ~correct(logits, y)
+    n = int((broken & failed).sum())
+    if n and n / x.shape[0] >= (0.1 if c.defense.stochastic else 0.0):
+        return Flag(FlagCode.NOISE_BEATS_ATTACK, c.name, f"random {c.attack.norm} noise of norm {eps:.3g} broke {n} of "
+                    f"{x.shape[0]} samples {c.name} failed on", "the attack is not working (masking or bad step size): "
+                    "add gradient-free attacks (Square, RayS) and check gradients", n / x.shape[0])
+    return None
+
+
+def _tie_flag(tied: Tensor | None, name: str) -> Flag | None:
+    n = 0 if tied is None else int(tied.sum())
+    if not n:
+        return None
+    return Flag(FlagCode.TIED_LOGITS, name, f"{n} evaluated input(s) had a tie for the top logit in some draw "
+                "(counted as wrong answers)", "return logits with a single top class; a tie is never a correct answer",
+                float(n))
+
+
+def _disagreement_flag(agreement: Any, name: str, stochastic: bool) -> Flag | None:
+    if agreement is None or not agreement.significant:
+        return None
+    n = int(agreement.differ.sum())
+    how = (f"answered correctly more often than fresh instances (sign test p = {agreement.p:.2g})" if stochastic
+           else f"and fresh instances answered differently on {n} sample(s)")
+    return Flag(FlagCode.VERDICT_DISAGREES, name, f"the defense instance the attacks queried {how}: it keeps state, "
+                "or depends on what else it was given", "make the defense a function of each input (no memory of "
+                "earlier inputs); the recorded verdict is the fresh instances' (deterministic: correct only where both "
+                "agree)", float(n))
+
+
+def check_ties(c: _Evidence) -> Flag | None:
+    return _tie_flag(getattr(c.o, "tied", None), c.name)
+
+
+def check_verdict(c: _Evidence) -> Flag | None:
+    return _disagreement_flag(getattr(c.o, "agreement", None), c.name, bool(c.defense.stochastic))
+
+
+def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False) -> list[dict[str, Any]]:
+    """The flags of the clean stage (ties, a fresh instance disagreeing), in the stored flag format."""
+    flags = [f for f in (_tie_flag(ev.tied, "clean"), _disagreement_flag(agreement, "clean", stochastic)) if f]
+    return [{**f.to_dict(), "code": f.code.value, "shard": shard, "stage": 0} for f in flags]
+
+
+CHECKS = (check_ties, check_verdict, check_acc_trace, check_probability_logits, check_nonfinite, check_threat_model, check_gradients, check_loss_flat, check_eot,
+          check_identity_jacobian, check_large_eps, check_blackbox, check_noise)

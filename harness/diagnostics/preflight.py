@@ -1,0 +1,286 @@
+"""Before any attack: does the defense behave as a function of each input (or as a declared random one), and
+which gradient actually reaches the input?
+
+Attacks, their diagnostics and the evaluation all assume the defense maps each input to logits on its own.
+Defenses break that, often by accident, and each break changes the numbers without a word. So the runner calls
+:func:`preflight` once per run, on the first ``FIRST_BATCH`` samples of the run, before any shard:
+
+| check | on failure |
+|---|---|
+| logits of shape (N, num_classes), floating; purifier keeps the shape; bounds contain the data | refused |
+| modules handed over in training mode whose outputs differ in eval mode | refused unless ``--module-mode`` |
+| a purifier or classifier that writes into its input tensor | ``writes-input`` (harmless: it gets copies) |
+| answers at a point change after the instance saw other inputs | ``keeps-state``; every pass on a fresh instance |
+| declared deterministic, but two identical passes differ | refused (declare ``stochastic=True``) |
+| declared deterministic, but a sample's output depends on the rest of its batch | refused unless batch size 1 |
+| outputs differ with autograd on and off | ``grad-changes-output``; gradient-free attacks added |
+| a tie for the top logit on clean inputs | ``tied-logits`` (a tie is never a correct answer) |
+| each gradient mode offered (full; the surrogate; BPDA with a purifier) gives no usable input gradient | ``dead-gradient-mode``; attacks move to the first live mode (``harness.battery.resolve``); none live: ``no-gradient`` |
+
+Every pass runs inside a forked RNG seeded from the run seed, so nothing leaks and a resumed run repeats the
+same findings; checks that could change the defense (training-mode passes update BatchNorm statistics) run on
+copies. What the checks cannot see (state that only a later query reveals, or batch dependence of a random
+defense) is caught by the final verdict instead (``harness.run.verdict``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from harness.diagnostics import escalation
+from harness.api.validation import check_deterministic, check_logits, defense_name, output_difference
+from harness.api.defense import Defense
+from harness.errors import UsageError
+from harness.api.evaluation import TIED, predictions
+from harness.api.flags import FlagCode
+from harness.diagnostics.gradcheck import carries_signal
+from harness.battery.resolve import GradientProbe
+from harness.api.seeding import seeded
+from harness.api.target import Target
+from harness.api.threat import check_data_in_bounds, project_ball
+
+FIRST_BATCH = 16  # samples of the first batch the checks use
+MODULE_MODES = ("eval", "train")
+HISTORY_ROUNDS = 3  # rounds of other points an instance sees before the state check compares it with a fresh one
+STAGE = 0  # findings are stored like the flags of stage 0 (before every attack)
+
+
+@dataclass
+class Preflight:
+    """What the first-batch checks found: the gradient modes that reach the input, the module mode applied and
+    the findings, as flag dicts in the stored flag format (``harness.diagnostics.merge``)."""
+    probe: GradientProbe
+    module_mode: str = "eval"
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    stateful: bool = False  # answers depend on earlier queries: every pass then runs on a fresh instance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gradients": self.probe.to_dict(), "module_mode": self.module_mode, "findings": self.findings,
+                "stateful": self.stateful}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Preflight":
+        return cls(GradientProbe.from_dict(d.get("gradients", {})), str(d.get("module_mode", "eval")),
+                   list(d.get("findings", [])), bool(d.get("stateful", False)))
+
+
+def _finding(code: FlagCode, message: str, remedy: str, value: float = math.nan,
+             escalate: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"code": code.value, "attack": "preflight", "message": message, "remedy": remedy, "value": value,
+            "escalate": list(escalate or []), "shard": 0, "stage": STAGE}
+
+
+def offered_modes(defense: Defense) -> tuple[str, ...]:
+    """The gradient modes that differ for this defense, in the order they are preferred: exact gradients, the
+    defense's own surrogate, then BPDA (without a purifier every mode is the exact gradient)."""
+    if defense.purifier is None:
+        return ("full",)
+    return ("full",) + (("surrogate",) if defense.has_surrogate else ()) + ("bpda",)
+
+
+def training_modules(defense: nn.Module) -> list[str]:
+    """Names of the defense's submodules left in training mode (the ``Defense`` wrapper itself aside)."""
+    return [name for name, m in defense.named_modules() if name and m.training]
+
+
+def place_modules(defense: Defense, x: Tensor, *, seed: int, module_mode: str | None) -> str:
+    """Put ``defense`` in the module mode it is to be evaluated in, and return that mode.
+
+    Modules left in training mode are switched to eval mode when that changes no output (the usual case:
+    a purifier built without ``.eval()`` that has no dropout or batch norm). When it does change the outputs
+    (dropout, batch statistics), the harness does not guess which model is meant: it refuses unless
+    ``module_mode`` says (``eval``: the usual evaluation; ``train``: the model as handed over)."""
+    if module_mode not in (None, *MODULE_MODES):
+        raise UsageError(f"--module-mode {module_mode!r}; accepted: {', '.join(MODULE_MODES)}")
+    names = training_modules(defense)
+    if module_mode == "train":
+        return "train"
+    if names and module_mode is None:
+        given, evaluated = copy.deepcopy(defense), copy.deepcopy(defense).eval()
+        with torch.no_grad(), seeded(seed, x.device):
+            a = given.logits(x, "full").float()
+        with torch.no_grad(), seeded(seed, x.device):
+            b = evaluated.logits(x, "full").float()
+        diff = output_difference(a, b)
+        if diff:
+            shown = ", ".join(f"{n} ({type(defense.get_submodule(n)).__name__})" for n in names[:4])
+            raise UsageError(f"defense {defense_name(defense)} was handed over with {len(names)} module(s) in training mode "
+                             f"({shown}{', ...' if len(names) > 4 else ''}) and its outputs change in eval mode (max "
+                             f"difference {diff:.3g}); say which model you mean: --module-mode eval (dropout off, "
+                             "BatchNorm running statistics: the usual evaluation) or --module-mode train (as handed "
+                             "over; declare stochastic=True if it then draws randomness), or call .eval() in the factory")
+    defense.eval()
+    return "eval"
+
+
+def apply_module_mode(defense: Defense, mode: str) -> Defense:
+    """``defense`` in module mode ``mode`` as :func:`place_modules` decided it (``train``: left as handed over)."""
+    return defense.eval() if mode == "eval" else defense
+
+
+def _writes_input(defense: Defense, x: Tensor, seed: int) -> list[str]:
+    """The parts (purifier, classifier) that changed the tensor they were given."""
+    parts = []
+    with torch.no_grad(), seeded(seed, x.device):
+        z = x.clone()
+        if defense.purifier is not None:
+            given = x.clone()
+            z = defense.purifier(given)
+            if not torch.equal(given, x):
+                parts.append("purifier")
+        if isinstance(z, Tensor) and z.shape == x.shape:
+            given, kept = z.clone(), z.clone()
+            defense.classifier(given)
+            if not torch.equal(given, kept):
+                parts.append("classifier")
+    return parts
+
+
+def _batch_dependence(defense: Defense, x: Tensor, seed: int) -> float:
+    """Largest difference between a sample's logits in the probe batch and alone or in another order (0: none)."""
+    with torch.no_grad(), seeded(seed, x.device):
+        whole = defense.logits(x, "full").float()
+        alone = torch.cat([defense.logits(x[i:i + 1], "full").float() for i in range(x.shape[0])])
+        flipped = defense.logits(x.flip(0), "full").float().flip(0)
+    return max(output_difference(whole, alone), output_difference(whole, flipped))
+
+
+def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm: str,
+                        fresh: Callable[[], Defense]) -> float:
+    """Largest difference, at random points of the inputs' balls, between an instance that first saw the clean
+    inputs and a few rounds of other points, and fresh instances that see only those points (0: none), each
+    answer drawn under the same seed: a function of each input gives the same answer whatever came before."""
+    seen = copy.deepcopy(defense)
+    with torch.no_grad():
+        seen.logits(x, "full")
+        for r in range(HISTORY_ROUNDS):
+            seen.logits(_near(x, defense.bounds, eps, norm, seed + r), "full")
+        points = _near(x, defense.bounds, eps, norm, seed + HISTORY_ROUNDS)
+        with seeded(seed, x.device):
+            after = seen.logits(points, "full").float()
+        with seeded(seed, x.device):
+            new = fresh().logits(points, "full").float()
+    return output_difference(after, new)
+
+
+def _near(x: Tensor, bounds: tuple[float, float], eps: float, norm: str, seed: int) -> Tensor:
+    """Random points of the inputs' threat-model balls (seeded)."""
+    with seeded(seed, x.device):
+        noise = torch.empty_like(x).uniform_(-1, 1)
+    if norm != "Linf":
+        noise = noise / noise.flatten(1).norm(p=1 if norm == "L1" else 2, dim=1).clamp_min(1e-12).view(
+            -1, *([1] * (x.dim() - 1)))
+    return (x + project_ball(eps * noise, norm, eps)).clamp(*bounds)  # type: ignore[arg-type]
+
+
+def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
+    """Largest difference between the logits with autograd off and on (same seed; 0: none)."""
+    with torch.no_grad(), seeded(seed, x.device):
+        off = defense.logits(x, "full").float()
+    with torch.enable_grad(), seeded(seed, x.device):
+        on = defense.logits(x.clone().requires_grad_(True), "full").detach().float()
+    return output_difference(off, on)
+
+
+def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
+                    fresh: Callable[[], Defense] | None = None) -> GradientProbe:
+    """Each offered gradient mode, at the clean inputs and at random points of their threat-model ball: live
+    unless no sample gets a usable gradient at either (:func:`harness.diagnostics.gradcheck.carries_signal`); ``fresh``: a
+    new instance per pass (a defense that keeps state)."""
+    near = _near(x, defense.bounds, eps, norm, seed)
+    live, dead = [], []
+    for mode in offered_modes(defense):
+        target = Target(defense, mode, fresh=fresh)  # type: ignore[arg-type]
+        with seeded(seed + 1, x.device):
+            ok = carries_signal(target, x, y) or carries_signal(target, near, y)
+        if ok:
+            live.append(mode)
+        else:
+            dead.append((mode, f"zero or non-finite input gradients on all {x.shape[0]} first-batch samples, clean and "
+                               "randomly perturbed"))
+    return GradientProbe(tuple(live), tuple(dead))
+
+
+def preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
+              module_mode: str | None = None, gradients: bool = True,
+              fresh: Callable[[], Defense] | None = None) -> Preflight:
+    """Every check of the module docstring on the first inputs ``x`` (labels ``y``) of a run; puts the defense in
+    its module mode. ``fresh`` gives instances as they were before any query (the state check needs them; without
+    it, state is left to the verdict). Raises :class:`UsageError` for a defense that cannot be evaluated as
+    declared."""
+    with seeded(seed, x.device):  # the checks' own passes seed themselves; this keeps the rest from leaking
+        return _preflight(defense, x, y, seed=seed, eps=eps, norm=norm, batch_size=batch_size,
+                          module_mode=module_mode, gradients=gradients, fresh=fresh)
+
+
+def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
+               module_mode: str | None, gradients: bool, fresh: Callable[[], Defense] | None) -> Preflight:
+    check_data_in_bounds(x, defense.bounds, who=f"defense {defense_name(defense)}")
+    x, y = x[:FIRST_BATCH], y[:FIRST_BATCH]
+    if x.shape[0] == 0:
+        return Preflight(GradientProbe(offered_modes(defense)))
+    mode = place_modules(defense, x, seed=seed, module_mode=module_mode)
+    findings: list[dict[str, Any]] = []
+    if mode == "train" and training_modules(defense):
+        findings.append(_finding(FlagCode.MODULE_MODE, f"{len(training_modules(defense))} module(s) evaluated in "
+                                 "training mode, as handed over (--module-mode train)", "nothing to do if this is the "
+                                 "model you mean; dropout or batch statistics then make it random or batch-dependent"))
+    written = _writes_input(defense, x, seed)
+    if written:
+        findings.append(_finding(FlagCode.WRITES_INPUT, f"the {' and the '.join(written)} write(s) into the input "
+                                 "tensor in place", "harmless here (the harness hands the defense copies), but fix it "
+                                 "(out-of-place operations): elsewhere it corrupts the caller's images", len(written)))
+    stateful = False
+    if fresh is not None:
+        diff = _history_dependence(defense, x, seed, eps, norm, lambda: apply_module_mode(fresh(), mode))
+        stateful = diff > 0
+        if stateful:
+            findings.append(_finding(FlagCode.KEEPS_STATE, "the defense answers a point differently after it has seen "
+                                     f"other inputs (max logit difference {diff:.3g}): it keeps state", "make the "
+                                     "defense a function of each input; the harness runs every pass of this run on a "
+                                     "fresh instance (slower) and takes the verdict from fresh instances", diff))
+    with torch.no_grad(), seeded(seed, x.device):
+        out = defense.logits(x, "full")
+    check_logits(defense, x, out)  # Defense.purify checks the purifier's output
+    check_deterministic(defense, x, seed)
+    if not defense.stochastic and batch_size > 1 and x.shape[0] > 1:
+        diff = _batch_dependence(defense, x, seed)
+        if diff > 0:
+            raise UsageError(f"defense {defense_name(defense)}: the output for a sample depends on the other samples in its "
+                             f"batch (alone or in another order, max logit difference {diff:.3g}): it uses batch "
+                             "statistics, so results would depend on --batch-size; fix the defense (e.g. BatchNorm in "
+                             "eval mode), or evaluate each sample alone with --batch-size 1")
+    diff = _grad_changes_output(defense, x, seed)
+    if diff > 0:
+        findings.append(_finding(FlagCode.GRAD_CHANGES_OUTPUT, f"the defense's outputs differ with autograd on and off "
+                                 f"(max logit difference {diff:.3g}): gradient attacks differentiate another function "
+                                 "than the one evaluated", "make the forward pass independent of torch.is_grad_enabled(); "
+                                 "the gradient attacks' numbers are upper bounds, gradient-free attacks were added", diff,
+                                 escalation.buildable(escalation.gradient_free(defense.stochastic, norm), eps, norm)))
+    ties = int((predictions(out.float()) == TIED).sum())
+    if ties:
+        findings.append(_finding(FlagCode.TIED_LOGITS, f"{ties} of {x.shape[0]} clean first-batch input(s) have a tie "
+                                 "for the top logit (counted as wrong answers)", "return logits with a single top class; "
+                                 "a tie is never a correct answer", ties))
+    offered = offered_modes(defense)
+    instance = (lambda: apply_module_mode(fresh(), mode)) if stateful and fresh is not None else None
+    probe = (probe_gradients(defense, x, y, seed=seed, eps=eps, norm=norm, fresh=instance) if gradients
+             else GradientProbe(offered))
+    blackbox = escalation.buildable(escalation.gradient_free(defense.stochastic, norm), eps, norm)
+    if probe.dead:
+        modes = ", ".join(m for m, _ in probe.dead)
+        instead = f"gradient attacks run in {probe.live[0]} mode instead" if probe.live else "no gradient mode is live"
+        findings.append(_finding(FlagCode.DEAD_GRADIENT_MODE, f"{modes}-mode gradients do not reach the input "
+                                 f"({probe.dead[0][1]}); {instead}", "nothing to do: the harness moved the attacks "
+                                 "and added gradient-free ones", float(len(probe.dead)), blackbox))
+    if not probe.live:
+        findings.append(_finding(FlagCode.NO_GRADIENT, f"no gradient mode ({', '.join(offered)}) reaches the input: "
+                                 "gradient attacks are not started; only gradient-free attacks run",
+                                 "give the defense a differentiable surrogate (Defense(surrogate=...)) for stronger "
+                                 "attacks; the numbers rest on gradient-free attacks", 1.0, blackbox))
+    return Preflight(probe, mode, findings, stateful)

@@ -1,0 +1,253 @@
+"""Where the shards of a run are computed: in this process (``--executor local``, the default) or as Ray tasks on
+the cores and GPUs of this machine or of a cluster (``--executor ray``).
+
+Both executors run one phase at a time (phase A, the battery; then phase B, the escalation stages) over the shards
+not yet stored, through the same code: :meth:`harness.run.shards.RunShards.steps` under the shard's lock. A shard's
+records depend only on (run seed, shard, stage, batch), so they do not depend on the executor.
+
+Ray workers write the shard they computed into the run directory themselves, under its shard lock, instead of
+returning records to the driver: the driver never holds results in memory (a task returns a few counts per stage,
+for the progress display), a killed driver loses no finished shard (the same command resumes from the run
+directory), and the same shard locks keep a Ray run, a local run and Slurm slices of one command from computing a
+shard twice. So the run directory (``--out``), the data root and a ``file.py:factory`` defense must be on storage
+every Ray node sees at the same path (the driver hands them to the tasks as absolute paths).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from harness.run.acceleration import resolve_device
+from harness.store import fingerprint
+from harness.api.config import RunConfig
+from harness.sources.datasets import load_test_set, resolve_root
+from harness.api.defense import create_defense
+from harness.errors import HarnessError, SetupError, UsageError
+from harness.run.placement import Placed, place_checked
+from harness.diagnostics.preflight import Preflight
+from harness.progress import bars_enabled, progress_bar
+from harness.run.shards import RunShards
+from harness.store.rundir import RunStore, load_provenance
+
+RAY_MISSING = "--executor ray needs Ray: pip install 'robustness-harness[ray]'"
+MAX_RETRIES = 3  # Ray reruns a task whose worker died (killed, out of memory, node lost) up to this many times
+
+
+class Executor(Protocol):
+    name: str
+
+    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: str) -> None:
+        """Compute phase ``phase`` (``attacks`` or ``escalation``) of the shards ``which`` that lack it."""
+
+    def close(self) -> None:
+        """Release what the executor started (called once, when the run ends or fails)."""
+
+
+def make_executor(name: str | Executor, *, address: str | None = None, gpus_per_task: float | None = None,
+                  cpus_per_task: float | None = None) -> Executor:
+    """The executor ``name`` (``local`` or ``ray``) with its options; an :class:`Executor` is returned as is."""
+    if not isinstance(name, str):
+        return name
+    if name == "local":
+        if address is not None or gpus_per_task is not None or cpus_per_task is not None:
+            raise UsageError("--ray-address, --gpus-per-task and --cpus-per-task apply to --executor ray only")
+        return LocalExecutor()
+    if name == "ray":
+        return RayExecutor(address=address, gpus_per_task=gpus_per_task or 0,
+                           cpus_per_task=1 if cpus_per_task is None else cpus_per_task)
+    raise UsageError(f"--executor {name!r}: accepted: local, ray")
+
+
+class LocalExecutor:
+    """The shards one after the other in this process (one bar per attack), sharing them with any other process
+    running the same command (:meth:`harness.run.shards.RunShards.each_shard`)."""
+
+    name = "local"
+
+    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: str) -> None:
+        names, done, work = ctx.steps(phase)
+        for name in names:
+            ctx.bar(name)
+        ctx.each_shard(shards, which, phase, names, done=done, work=work)
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor:
+    """Each shard of a phase is one Ray task (``cpus_per_task`` CPUs, ``gpus_per_task`` GPUs); the driver shows one
+    bar (or, without a terminal, the local runner's log lines) as tasks finish. Ray starts when there is work: at
+    ``address``, else a local instance listening on the loopback interface only, shut down at the end; a Ray
+    already initialized in this process (a notebook, a test) is used and left running. ``num_cpus`` sizes a local
+    instance (default: every core)."""
+
+    name = "ray"
+
+    def __init__(self, *, address: str | None = None, gpus_per_task: float = 0, cpus_per_task: float = 1,
+                 num_cpus: int | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise SetupError(RAY_MISSING) from None
+        self.ray, self.address, self.num_cpus = ray, address, num_cpus
+        self.options = dict(num_cpus=cpus_per_task, num_gpus=gpus_per_task, max_retries=MAX_RETRIES)
+        self.task: Any = None
+        self.owned = False  # this executor started (or connected) Ray, so it shuts it down
+
+    def _start(self) -> None:
+        if self.task is not None:
+            return
+        ray = self.ray
+        if not ray.is_initialized():
+            if self.address:
+                ray.init(address=self.address, logging_level=logging.WARNING)
+            else:
+                with _loopback():
+                    ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
+                             logging_level=logging.WARNING)
+            self.owned = True
+        # options in ray.remote, not .options(): a GPU task then gets a fresh worker (max_calls=1), whose CUDA
+        # starts after Ray set CUDA_VISIBLE_DEVICES to the task's GPU, so --device auto picks that GPU
+        self.task = ray.remote(**self.options)(compute_shard)
+
+    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: str) -> None:
+        names, done, _ = ctx.steps(phase)
+        todo = [s for s in which if not done(s)]
+        total, skipped = sum(len(shards[s]) for s in which), sum(len(shards[s]) for s in which if s not in todo)
+        if todo and ctx.cfg.device.startswith("cuda") and not self.options["num_gpus"]:
+            raise UsageError(f"--device {ctx.cfg.device} with --executor ray needs --gpus-per-task (Ray gives GPUs to "
+                             "tasks); or use --device auto, which runs tasks without GPUs on the CPU")
+        if todo:
+            self._start()  # before the clock of the progress estimate starts
+        ctx.progress.start_phase(phase, total * len(names))
+        ctx.progress.skipped(skipped * len(names))
+        bar = progress_bar(total, f"{phase} ({', '.join(names)})", enabled=bars_enabled(ctx.cfg.quiet), initial=skipped)
+        try:
+            if not todo:
+                return
+            job = job_spec(ctx, len(shards))
+            pending = {self.task.remote(job, phase, s, shards[s]): s for s in todo}
+            try:
+                while pending:
+                    ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=1.0)  # 1 s: Ctrl-C stays prompt
+                    for ref in ready:
+                        s = pending.pop(ref)
+                        stages = self._result(ref, s, len(shards))
+                        bar.update(len(shards[s]))
+                        if stages is None:  # another process finished it meanwhile
+                            ctx.progress.skipped(len(shards[s]) * len(names))
+                        for stage in stages or []:
+                            ctx.progress.stage_done(shard=s, n_shards=len(shards), size=len(shards[s]), **stage)
+            except BaseException:  # Ctrl-C or a failed shard: stop the rest (a cancelled task writes nothing)
+                for ref in pending:
+                    self.ray.cancel(ref)
+                raise
+        finally:
+            bar.close()
+
+    def _result(self, ref: Any, shard: int, n_shards: int) -> list[dict[str, Any]] | None:
+        errors = self.ray.exceptions
+        try:
+            return self.ray.get(ref)
+        except errors.RayTaskError as exc:  # the task raised: report the error itself, not Ray's wrapping
+            cause = exc.cause
+            if isinstance(cause, HarnessError):
+                raise cause from None
+            raise RuntimeError(f"shard {shard + 1}/{n_shards}, in its Ray task: {type(cause).__name__}: {cause}") from exc
+        except errors.RayError as exc:  # the worker or its node died MAX_RETRIES + 1 times
+            raise RuntimeError(f"shard {shard + 1}/{n_shards}: its Ray task failed {MAX_RETRIES + 1} times "
+                               f"({type(exc).__name__}); finished shards are kept, run the same command again to "
+                               "resume") from exc
+
+    def close(self) -> None:
+        if self.owned:
+            self.ray.shutdown()
+            self.owned, self.task = False, None
+
+
+@contextlib.contextmanager
+def _loopback() -> Iterator[None]:
+    """Make a local Ray instance listen on 127.0.0.1 only. Ray binds its node IP, and takes the loopback address
+    as node IP only where clusters are disabled (its switch for macOS and Windows); the started processes inherit
+    the switch, this process gets it back afterwards. Without Ray's internals as expected, Ray's default stays."""
+    var = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    try:
+        from ray._private import ray_constants
+        old_flag = ray_constants.ENABLE_RAY_CLUSTER
+    except (ImportError, AttributeError):
+        yield
+        return
+    old_env = os.environ.get(var)
+    os.environ[var], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_flag
+        if old_env is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old_env
+
+
+def job_spec(ctx: RunShards, n_shards: int) -> dict[str, Any]:
+    """What a task needs to rebuild the run: the resolved config with absolute paths, and the run directory."""
+    cfg = ctx.cfg.to_dict()
+    target, sep, attr = cfg["defense"].rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target or "\\" in target):  # a file.py:factory spec
+        cfg["defense"] = f"{Path(target).expanduser().resolve()}:{attr}"
+    cfg.update(quiet=True, data_root=str(resolve_root(cfg["data_root"]).resolve()))
+    return {"config": cfg, "run_dir": str(ctx.store.dir.resolve()), "n_shards": n_shards}
+
+
+_BUILT: dict[str, tuple[Any, Any]] = {}  # per worker process: the last run's placed defense and its data
+
+
+def compute_shard(job: dict[str, Any], phase: str, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
+    """The Ray task: compute ``phase`` of one shard and write it into the run directory under the shard's lock;
+    returns the per-stage counts of :meth:`~harness.run.shards.RunShards.run_shard`, or None when it was done already."""
+    import ray
+    import torch
+
+    cfg = RunConfig(**job["config"])
+    placed, data = _build(cfg, job["run_dir"])
+    torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    ctx = RunShards(cfg, placed.defense, data, RunStore(job["run_dir"]), placed.device, len(indices), job["n_shards"],
+                   probe=placed.preflight.probe, verifier=placed.verifier, stateful=placed.preflight.stateful)
+    _, done, work = ctx.steps(phase)
+    with ctx.store.shard_lock(shard, blocking=True):  # another process may hold it: wait, then skip if done
+        return None if done(shard) else work(shard, indices)
+
+
+def _build(cfg: RunConfig, run_dir: str) -> tuple[Placed, Any]:
+    """The defense (on the task's device) and data of ``cfg``, built once per worker process and checked against
+    the run's fingerprint, so a node with other defense files, weights, data or packages computes nothing. The
+    harness commit is left out: a commit during a long run (fresh workers check again) must not stop it."""
+    import ray
+
+    key = json.dumps([cfg.defense, cfg.defense_opts, cfg.dataset, cfg.data_root, cfg.device, run_dir], default=str)
+    if key not in _BUILT:
+        defense = create_defense(cfg.defense, **cfg.defense_opts)
+        data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
+        prov = load_provenance(run_dir)
+        selected = np.asarray(prov["indices"], dtype=np.int64)
+        stored = fingerprint.Fingerprint.from_dict(prov.get("fingerprint") or {})
+        mine = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
+        changes = stored.differences(dataclasses.replace(mine, harness_commit=stored.harness_commit))
+        if changes:
+            raise SetupError(f"a Ray worker on {platform.node()} differs from the run's driver in {'; '.join(changes)}; "
+                             "every node needs the same harness, packages, defense files and data")
+        # a GPU task sees only its own GPU(s), numbered from 0; a task without one must not take one behind Ray's back
+        gpus = ray.get_gpu_ids()
+        device = resolve_device(("cuda" if cfg.device.startswith("cuda") else cfg.device) if gpus else "cpu")
+        _BUILT.clear()
+        placed = place_checked(cfg, defense, device, Preflight.from_dict(prov.get("preflight") or {}))
+        _BUILT[key] = (placed, data)
+    return _BUILT[key]

@@ -1,0 +1,65 @@
+"""The defense made ready for a run: a copy kept from before its first query, the first-batch checks, the module
+mode, the device and acceleration, and the fresh instances that re-derive the verdict.
+
+The copy must be taken before anything queries the defense (a defense may keep state), so this is the one place
+the runner (``harness.run.runner``) and every executor's worker (``harness.run.executors``) prepare a defense.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from harness.run.acceleration import accelerate, resolve_device
+from harness.api.config import RunConfig
+from harness.sources.datasets import TestSet
+from harness.api.defense import Defense
+from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
+from harness.battery.spec import AttackSpec
+from harness.battery.resolve import check_battery, describe
+from harness.run.verdict import Verifier, verifier_for
+
+log = logging.getLogger("harness.run.runner")
+
+
+@dataclass
+class Placed:
+    """The defense on its device, checked by the preflight, and the fresh instances that re-derive the verdict."""
+    defense: Defense
+    device: torch.device
+    preflight: Preflight
+    verifier: Verifier
+
+
+def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int]) -> Placed:
+    """Keep a copy of ``defense`` as it is before its first query (the verifier's template), move it to the run's
+    device, run the first-batch checks (``harness.diagnostics.preflight``, which also sets the module mode) and accelerate it;
+    logs the findings and what each battery entry will run with."""
+    device = resolve_device(cfg.device)
+    pristine = Verifier.copyable(defense)
+    x, y = data.get(indices[:cfg.batch_size], device)
+    fresh = None if pristine is None else (lambda: copy.deepcopy(pristine).to(device))
+    pf = preflight(defense.to(device), x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=cfg.batch_size,
+                   module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh)
+    for finding in pf.findings:
+        log.warning("preflight: %s: %s", finding["code"], finding["message"])
+    placed = _ready(cfg, defense, pristine, device, pf)
+    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps,
+                                        norm=cfg.norm, run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast,
+                                        probe=pf.probe):
+        log.info("%s", describe(name, resolved))
+    return placed
+
+
+def place_checked(cfg: RunConfig, defense: Defense, device: torch.device, pf: Preflight) -> Placed:
+    """A freshly built ``defense`` made ready as the run's first-batch checks ``pf`` decided (a worker of an
+    executor: the driver ran the checks)."""
+    pristine = Verifier.copyable(defense)
+    return _ready(cfg, apply_module_mode(defense.to(device), pf.module_mode), pristine, device, pf)
+
+
+def _ready(cfg: RunConfig, defense: Defense, pristine: Defense | None, device: torch.device, pf: Preflight) -> Placed:
+    defense = accelerate(defense, channels_last=cfg.channels_last, compile=cfg.compile)
+    return Placed(defense, device, pf, verifier_for(pristine, cfg.defense, cfg.defense_opts, device, pf.module_mode))

@@ -1,0 +1,208 @@
+"""Run a battery over a dataset in shards, storing records as it goes; resume skips finished shards.
+
+Two phases keep escalation deterministic: (A) every shard runs the configured battery and
+stores the diagnostic flags raised after each stage; (B) the escalation attacks requested by
+those flags (deduplicated by name, in shard and stage order) are recorded in the resolved
+config and run as extra stages on every shard's still-robust samples. Because flags depend
+only on the stored records' seeds, a resumed run escalates exactly like an uninterrupted one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harness.run.placement import place_and_check
+from harness.battery.presets import AttackSpec, default_preset, resolve_battery
+from harness.battery.resolve import check_battery
+from harness.diagnostics.merge import collect_escalations, run_flags
+from harness.api.config import RunConfig, check_values, config_warnings
+from harness.sources.datasets import TestSet, load_test_set, select_indices
+from harness.api.defense import Defense, create_defense
+from harness.errors import UsageError
+from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
+from harness.run.executors import Executor, make_executor
+from harness.store import fingerprint
+from harness.progress import get_logger
+from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
+from harness.store.status import completeness
+from harness.store.shards import take
+from harness.run.shards import RunShards
+from harness.store.rundir import (Plan, RunStore, load_provenance, load_records, make_run_id,
+                           validate_run_id)
+
+log = get_logger("runner")
+LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a cost estimate when they start
+
+
+def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, Defense, TestSet, list[int]]:
+    """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats)."""
+    check_values(vars(cfg), source=None)  # the config schema again: fields may have been set after construction
+    if defense is None:
+        defense = create_defense(cfg.defense, **cfg.defense_opts)
+    data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
+    if defense.num_classes != data.num_classes:
+        raise UsageError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
+                         f"{data.num_classes}; pick a matching --dataset or classifier")
+    for warning in config_warnings(cfg, defense.trained_on):
+        log.warning(warning)
+    indices = select_indices(len(data), cfg.n, cfg.seed)
+    shared = defense.fitted_on.overlap(cfg.dataset, "test", indices) if defense.fitted_on is not None else []
+    if shared:
+        example = ", ".join(map(str, shared[:3])) + (", ..." if len(shared) > 3 else "")
+        raise UsageError(f"defense {cfg.defense!r} was built from {len(shared)} of the test samples this run would "
+                         f"evaluate (e.g. indices {example}): its numbers would be measured on its own calibration "
+                         "data; build it from the training split, or evaluate other samples (--n, --seed)")
+    if cfg.until is not None or cfg.against is not None:
+        StopRule.parse(cfg.until or "", cfg.against)  # a bad rule fails before any work
+        indices = sequence_order(indices, cfg.seed)
+    if cfg.eval_repeats is None:
+        cfg.eval_repeats = 10 if defense.stochastic else 1
+    if cfg.attacks is None:  # no battery named: AutoAttack's advice, EOT (rand) for randomized defenses
+        cfg.attacks = default_preset(defense.stochastic)
+        log.info("no --attacks given: using the %r battery for this %s defense", cfg.attacks,
+                 "stochastic" if defense.stochastic else "deterministic")
+    if not cfg.battery:
+        cfg.battery = [s.to_dict() for s in resolve_battery(cfg.attacks, cfg.attack_opts)]
+    # build and resolve every entry now so a bad option fails before any work (logged after the preflight)
+    check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps, norm=cfg.norm,
+                  run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast)
+    return cfg, defense, data, indices
+
+
+def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int]:
+    """The shards of slice ``(i, N)``: every N-th shard from shard i (all shards when ``None``). Round robin, so
+    slices get equal work whatever the cost profile along the test set."""
+    if shard_slice is None:
+        return list(range(n_shards))
+    i, n = shard_slice
+    if not (n >= 1 and 0 <= i < n):
+        raise UsageError(f"--shard-slice {i}/{n}: expected I/N with N >= 1 and 0 <= I < N (slices are numbered from 0)")
+    return list(range(i, n_shards, n))
+
+
+def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int = CALIBRATION_SAMPLES) -> Estimate:
+    """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.run.estimate`); runs
+    nothing else and writes nothing."""
+    cfg, defense, data, indices = prepare(cfg, defense)
+    placed = place_and_check(cfg, defense, data, indices)
+    return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=placed.preflight.probe)
+
+
+def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
+        shard_slice: tuple[int, int] | None = None, executor: str | Executor = "local", ray_address: str | None = None,
+        gpus_per_task: float | None = None, cpus_per_task: float | None = None) -> Path:
+    """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
+
+    A resume whose defense source or weights, data, package versions or harness commit differ from
+    the stored fingerprint is refused unless ``force_resume`` (then recorded in provenance). Several
+    processes may run the same command at once: each computes the shards no other process holds
+    (per-shard locks), then waits for the others' shards, so every shard is computed exactly once.
+
+    ``shard_slice=(i, N)`` computes only slice i of N (:func:`slice_shards`), for N jobs on shared storage
+    (a Slurm array). A slice that finishes while other slices' shards are missing returns with the run
+    incomplete; the slice that finds every shard done runs the escalation stages (if any) and completes the
+    run. The records do not depend on the slicing: every shard's seeds are a function of (run seed, shard).
+    ``executor``: where shards are computed, ``local`` or ``ray`` with its options (:mod:`harness.run.executors`).
+    """
+    run_id = validate_run_id(cfg.run_id) if cfg.run_id else None
+    if cfg.until is not None and shard_slice is not None:
+        raise UsageError("--until evaluates shards in order and stops early; it cannot be split with --shard-slice")
+    name = executor if isinstance(executor, str) else executor.name
+    if name != "local" and (shard_slice is not None or cfg.until is not None):
+        raise UsageError(f"--executor {name} spreads every shard of the run over its workers; it cannot be combined "
+                         f"with {'--shard-slice' if shard_slice is not None else '--until'} (use --executor local)")
+    executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
+    cfg, defense, data, indices = prepare(cfg, defense)
+    plan = Plan.split(indices, cfg.shard_size)
+    selected = np.asarray(indices, dtype=np.int64)
+    fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
+    placed = place_and_check(cfg, defense, data, indices)  # before any work
+    defense, device, pf = placed.defense, placed.device, placed.preflight
+    if len(indices) >= LONG_RUN and not cfg.quiet:  # a calibration batch costs < 1% of such a run
+        log.info("%s", estimate(cfg, defense, data, indices, device, probe=pf.probe).text())
+    store = RunStore(Path(cfg.out) / (run_id or make_run_id(cfg)))
+    with store.run_lock():
+        resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
+                              info=dict(device=str(device), defense=defense.describe(), data_source=data.source,
+                                        preflight=pf.to_dict()))
+    log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
+             store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
+    shards = plan.shards()
+    mine = slice_shards(len(shards), shard_slice)
+    ctx = RunShards(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards),
+                   probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful)
+    base = [AttackSpec.from_dict(s) for s in cfg.battery]
+    try:  # phase A: the configured battery on every shard (of this slice; up to the stop of a sequential run)
+        if cfg.until is not None:
+            shards = shards[:sequential_phase(ctx, shards, plan)]
+            mine = list(range(len(shards)))
+        else:
+            executor.phase(ctx, shards, mine, "attacks")
+        others = [s for s in range(len(shards)) if store.shard_stages(s) is None]
+        if others:  # only with a slice: other slices are still running (or not started)
+            log.info("slice %d/%d done; %d shards of other slices are not finished yet, so the run is not complete: the "
+                     "last slice to finish completes it", shard_slice[0], shard_slice[1], len(others))
+            return store.dir
+        ctx.n = len(indices)
+        escalations = (collect_escalations(store, len(shards), base, pf.findings, cfg.attack_opts) if cfg.escalate
+                       else [])
+        cfg.escalations = [e.to_dict() for e in escalations]
+        with store.run_lock():
+            store.write_config(cfg)
+        if escalations:  # phase B: escalation stages on every shard's still-robust samples
+            log.info("escalating with %s", ", ".join(e.name for e in escalations))
+            executor.phase(ctx, shards, list(range(len(shards))), "escalation")
+    finally:
+        ctx.close()
+        executor.close()
+    with store.run_lock():
+        missing = completeness(store.dir).missing_shards
+        if missing:  # e.g. a shard file deleted while the run was going on
+            raise RuntimeError(f"run {str(store.dir)!r}: shards {missing} are missing or incomplete at the end of the "
+                               "run (deleted meanwhile?); run the same command again to recompute them")
+        store.finish(run_flags(store, len(shards), cfg.escalations, pf.findings))
+    return store.dir
+
+
+def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int:
+    """Phase A of a ``--until`` run: shards strictly in order, checking the stopping rule on the finished prefix
+    before each one (:mod:`harness.stats.stopping`); records the outcome in provenance and returns the number of shards
+    the run keeps."""
+    cfg, store = ctx.cfg, ctx.store
+    names, done, work = ctx.steps("attacks")
+    for name in names:
+        ctx.bar(name)
+    rule = StopRule.parse(cfg.until, cfg.against)
+    population, confidence = len(plan.indices), 0.95
+    paired = None
+    if rule.kind is StopKind.DECIDED:
+        other = Path(rule.against)
+        if [int(i) for i in load_provenance(other).get("indices", [])] != plan.indices or not completeness(other).complete:
+            raise UsageError(f"--against {rule.against!r} must be a complete run over the same samples in the same "
+                             "order: run it with the same --n, --seed and an --until rule")
+        paired = ordered_worst(load_records(other), plan.indices)
+    ctx.progress.start_phase("attacks", population * len(names))
+    state, k = None, 0
+    for k in range(len(shards) + 1):
+        done_samples = sum(len(idx) for idx in shards[:k])
+        if k:
+            scores = ordered_worst(store.read_records(range(k)), plan.indices)
+            if paired is not None and len(paired) < len(scores):
+                log.warning("the run to compare with holds only %d samples; stopping there, undecided", len(paired))
+                break
+            state = check(rule, scores, population=population, confidence=confidence,
+                          paired=None if paired is None else paired[:len(scores)])
+            log.info("sequential: %d of %d samples, %s [%.4f, %.4f]%s", done_samples, population,
+                     "difference" if paired is not None else "worst-case", state.low, state.high,
+                     "; stopping: " + rule.describe() if state.stop else "")
+            if state.stop:
+                break
+        if k == len(shards):
+            break
+        take(ctx.store, k, shards[k], ctx.job(names, done, work), blocking=True)
+    with store.run_lock():
+        store.record_sequential({"rule": cfg.until, "against": cfg.against, "population": population,
+                                 "confidence": confidence, "shards": k, "samples": sum(len(i) for i in shards[:k]),
+                                 "met": bool(state and state.stop), "state": state.to_dict() if state else None})
+    return k

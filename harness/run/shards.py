@@ -1,0 +1,185 @@
+"""The shards of one attack run: what each phase computes on a shard (the battery, then the escalations), the
+per-attack progress, and the computation of one shard's stages, written as one Parquet file. Every executor runs a
+shard through :meth:`RunShards.each_shard` (the shard protocol of :mod:`harness.store.shards`)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.battery.resolve import GradientProbe, resolve
+from harness.battery.spec import AttackSpec
+from harness.diagnostics import after_stage as diagnostics
+from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar
+from harness.run.acceleration import as_input
+from harness.run.stage import clean_stage, flag_dict, run_stage, skipped_stage, uses_dead_gradient
+from harness.run.verdict import Verifier
+from harness.sources.datasets import TestSet
+from harness.stats.scoring import attackable_rows, stages
+from harness.store.rundir import COLUMNS, RunStore
+from harness.store.shards import ShardJob, each_shard
+
+log = get_logger("runner")
+
+
+class RunShards:
+    """State shared by the shards of one run: defense, data, store and one progress bar per attack."""
+
+    def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
+                 n_shards: int, *, probe: GradientProbe | None, verifier: Verifier | None,
+                 stateful: bool = False) -> None:
+        self.cfg, self.defense, self.data, self.store, self.device, self.n = cfg, defense, data, store, device, n
+        self.n_shards, self.probe, self.verifier = n_shards, probe, verifier
+        # a defense that keeps state is queried on a fresh instance per pass (harness.diagnostics.preflight)
+        self.fresh = verifier.instances()[1] if verifier is not None and stateful else None
+        self.bars: dict[str, Any] = {}
+        self.progress = StageLog(log, enabled=not cfg.quiet and not bars_enabled(cfg.quiet))  # lines instead of bars
+
+    def bar(self, name: str) -> Any:
+        if not bars_enabled(self.cfg.quiet):
+            return NoBar()
+        if name not in self.bars:
+            self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars))
+        return self.bars[name]
+
+    def steps(self, phase: str) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
+        """The attack names of ``phase`` (``attacks``: the battery; ``escalation``: ``cfg.escalations``), whether a
+        shard has them stored, and the work computing them on a shard: what every executor runs per shard."""
+        base = [AttackSpec.from_dict(s) for s in self.cfg.battery]
+        if phase == "attacks":
+            return ([b.name for b in base], lambda s: self.store.shard_stages(s) is not None,
+                    lambda s, idx: self.run_shard(s, idx, base, first_stage=1, prior=None))
+        escalations = [AttackSpec.from_dict(s) for s in self.cfg.escalations]
+        full = ["clean"] + [b.name for b in base] + [e.name for e in escalations]
+
+        def escalate(s: int, idx: list[int]) -> list[dict[str, Any]]:
+            prior = self.store.read_shard(s)
+            prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
+            return self.run_shard(s, idx, escalations, first_stage=len(base) + 1, prior=prior)
+
+        return [e.name for e in escalations], lambda s: self.store.shard_stages(s) == full, escalate
+
+    def job(self, names: list[str], done: Callable[[int], bool], work: Callable[[int, list[int]], Any]) -> ShardJob:
+        """The shard protocol's job for one phase: ``done``/``work`` from :meth:`steps`, progress on skips."""
+        return ShardJob(done, work, lambda shard, size: self.skip(shard, size, names))
+
+    def each_shard(self, shards: list[list[int]], which: list[int], phase: str, names: list[str], *,
+                   done: Callable[[int], bool], work: Callable[[int, list[int]], None]) -> None:
+        """Run ``work`` on every shard in ``which`` not ``done``, by the shard protocol (:mod:`harness.store.shards`)."""
+        self.progress.start_phase(phase, sum(len(shards[s]) for s in which) * len(names))
+        each_shard(self.store, shards, which, self.job(names, done, work),
+                   waiting=lambda s: log.info("%s: shard %d/%d is being computed by another process; waiting for it",
+                                              phase, s + 1, len(shards)))
+
+    def skip(self, shard: int, size: int, names: list[str]) -> None:
+        for name in names:
+            self.bar(name).update(size)
+        self.progress.skipped(size * len(names))
+        log.debug("shard %d already finished; skipped", shard)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+    def run_shard(self, shard: int, indices: list[int], specs: list[AttackSpec], *, first_stage: int,
+                  prior: pd.DataFrame | None) -> list[dict[str, Any]]:
+        """Compute stages ``specs`` of one shard and write it (caller holds its lock); returns per-stage counts."""
+        cfg, summary = self.cfg, []
+        x, y = self.data.get(indices, self.device)
+        x = as_input(x, cfg.channels_last)
+        anchors = self.data.get(indices, self.device)[0]  # re-read: what the verdict checks the balls against
+        frames, side = [], {"stages": [], "attacks": {}, "diagnostics": []}
+        adv: dict[str, Any] | None = None
+        dead: tuple[str, str] | None = None  # (gradient mode, why) once a stage found that mode dead on this shard
+        if prior is None:
+            cols, ev, agreement = clean_stage(self.defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed,
+                                              shard=shard, batch_size=cfg.batch_size, verifier=self.verifier,
+                                              anchors=anchors)
+            frames.append(self._frame(cols, indices, y, shard, 0, "clean"))
+            side["stages"].append("clean")
+            side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=shard,
+                                                                 stochastic=self.defense.stochastic))
+            robust = ev.attackable.clone()
+        else:
+            old, done = self.store.read_side(shard), int(prior.stage.max())
+            names = [attack for _, attack in stages(prior)]
+            # side data may be ahead of the Parquet file if a rewrite was interrupted: keep only finished stages
+            side = {"stages": names, "attacks": {k: v for k, v in old["attacks"].items() if k in names},
+                    "diagnostics": [f for f in old["diagnostics"] if f.get("stage", 0) <= done]}
+            if old.get("dead"):
+                side["dead"] = old["dead"]
+                dead = (str(old["dead"][0]), str(old["dead"][1]))
+            frames.append(prior[COLUMNS])
+            ran = prior[prior.skipped == ""]  # a skipped stage left every sample's state as it was
+            last = ran[ran.stage == ran.stage.max()].set_index("index").loc[indices]
+            robust = torch.tensor(attackable_rows(last), device=self.device)
+            adv = self.store.read_adversarials(shard) if cfg.save_adversarials else None
+        if cfg.save_adversarials and adv is None:
+            adv = {"index": torch.as_tensor(indices), "x_adv": {}}
+        for k, spec in enumerate(specs):
+            stage = first_stage + k
+            before = robust if not cfg.every_attack else torch.ones_like(robust)
+            attack = spec.build(cfg.eps, cfg.norm)
+            why = resolve(spec, attack, stochastic=self.defense.stochastic, run_grad=cfg.grad, run_eot=cfg.eot,
+                          autocast=cfg.autocast, probe=self.probe).skip
+            if not why and dead is not None and uses_dead_gradient(spec, attack, self.defense, dead[0], grad=cfg.grad,
+                                                                   eot=cfg.eot, autocast=cfg.autocast,
+                                                                   probe=self.probe):
+                why = dead[1]
+            if why:
+                cols = skipped_stage(spec, attack, self.defense, len(indices), reason=why, grad=cfg.grad,
+                                     eot=cfg.eot, run_seed=cfg.seed, autocast=cfg.autocast, probe=self.probe)
+                frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
+                side["stages"].append(spec.name)
+                side["attacks"][spec.name] = {"attempted": 0, "robust_after": int(robust.sum()), "skipped": why}
+                if adv is not None:
+                    adv["x_adv"][spec.name] = x.cpu()
+                self.bar(spec.name).update(len(indices))
+                log.info("shard %d/%d, %s: skipped, %s", shard + 1, self.n_shards, spec.name, why)
+                summary.append(dict(stage=spec.name, attempted=0, robust=int(robust.sum()), seconds=0.0))
+                self.progress.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
+                continue
+            self.progress.stage_start(shard=shard, n_shards=self.n_shards, stage=spec.name, attempted=int(before.sum()))
+            t0 = time.monotonic()
+            outcome, cols, _ = run_stage(stage, spec, attack, self.defense, x, y, before, grad=cfg.grad, eot=cfg.eot,
+                                         repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
+                                         batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe,
+                                         verifier=self.verifier, anchors=anchors, fresh=self.fresh)
+            if not cfg.every_attack:
+                robust = outcome.robust_after
+            frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
+            side["stages"].append(spec.name)
+            side["attacks"][spec.name] = {"attempted": int(before.sum()), "robust_after": int(outcome.robust_after.sum()),
+                                          **{k2: v for k2, v in outcome.result.extras.items() if k2 == "acc_trace"}}
+            flags = diagnostics.after_stage(outcome)
+            side["diagnostics"].extend(flag_dict(f, outcome) for f in flags)
+            if dead is None and prior is None and cfg.skip_dead_gradients:  # the configured battery only
+                found = diagnostics.dead_gradient(outcome, flags)
+                dead = None if found is None else (str(outcome.target.grad_mode), found)
+                if dead is not None:
+                    side["dead"] = list(dead)  # the escalation phase skips this mode on this shard too
+            if adv is not None:
+                full = x.clone()
+                full[before] = outcome.x_adv
+                adv["x_adv"][spec.name] = full.cpu()
+            self.bar(spec.name).update(len(indices))
+            summary.append(dict(stage=spec.name, attempted=int(before.sum()), robust=int(outcome.robust_after.sum()),
+                                seconds=time.monotonic() - t0))
+            self.progress.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
+        self.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, adv)
+        return summary
+
+    @staticmethod
+    def _frame(cols: dict[str, Any], indices: list[int], y: torch.Tensor, shard: int, stage: int, name: str) -> pd.DataFrame:
+        n = len(indices)
+        df = pd.DataFrame({"index": np.asarray(indices, np.int64), "label": y.cpu().numpy().astype(np.int64),
+                           "shard": np.full(n, shard, np.int64), "stage": np.full(n, stage, np.int64),
+                           "attack": [name] * n})
+        for key, value in cols.items():
+            df[key] = value if not np.isscalar(value) else [value] * n
+        return df[COLUMNS]

@@ -1,0 +1,5 @@
+"""Where images and weights come from: data sets, sample selection and classifier checkpoints.
+
+- :mod:`harness.sources.datasets` -- CIFAR-10, CIFAR-100, SVHN; deterministic sample selection.
+- :mod:`harness.sources.models`   -- pyautoattack's ResNet-18, user checkpoints, RobustBench names.
+"""

@@ -1,0 +1,213 @@
+"""The one definition of a sample's score under a stochastic criterion, of the worst case over a
+battery, and of the cascade's "still attackable" rule.
+
+A defense is evaluated R times per input (fresh defense randomness each draw; R = 1 for a
+deterministic one). Per sample and stage, each draw is correct when the prediction equals the
+label with finite logits. The sample's score at that stage under a criterion is
+
+* ``all``: 1 if every draw is correct, else 0;
+* ``majority``: 1 if more than half of the draws are correct, else 0;
+* ``mean``: the fraction of correct draws;
+
+and 0 under every criterion when any draw's logits were non-finite (NaN/inf is never robust).
+The per-sample worst case is the minimum of the stage scores over the clean stage and every
+attack stage that attempted the sample (with several recorded seeds, over every seed's stages).
+
+The cascade keeps attacking a sample while any draw is still correct (:func:`still_attackable`),
+so it drops a sample only once it scores 0 under every criterion, and the worst case is exact for
+all three criteria. Records in which a sample was skipped while its worst case so far was above 0
+(e.g. from a cascade that dropped samples by majority) give only an upper bound under that
+criterion; :class:`WorstCase` says so per column. A stage recorded as ``skipped`` (its gradient mode
+was found dead on that shard, :func:`harness.diagnostics.after_stage.dead_gradient`) is not such a gap: it is
+reported by its own flag, ``stage-skipped``. The cascade tables, the stochastic section,
+the JSON report, ``harness compare`` and the subset analysis all read scores from here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import pandas as pd
+
+
+class Criterion(str, Enum):
+    ALL = "all"
+    MAJORITY = "majority"
+    MEAN = "mean"
+
+
+CRITERIA: tuple[str, ...] = tuple(c.value for c in Criterion)
+DESCRIPTION: dict[Criterion, str] = {
+    Criterion.ALL: "robust in all R evaluation draws",
+    Criterion.MAJORITY: "robust in the majority of the R evaluation draws",
+    Criterion.MEAN: "mean over the R evaluation draws (fraction of draws robust)",
+}
+
+
+def parse_criterion(criterion: str | Criterion) -> Criterion:
+    """The :class:`Criterion` named ``criterion``; a clear error for anything else."""
+    try:
+        return Criterion(criterion)
+    except ValueError:
+        raise ValueError(f"unknown criterion {criterion!r}; accepted: {', '.join(CRITERIA)}") from None
+
+
+def stage_score(correct: np.ndarray, criterion: str | Criterion, finite: np.ndarray | None = None) -> np.ndarray:
+    """Per-sample score at one stage from its ``(n, R)`` per-draw correctness.
+
+    ``finite`` (n,) is False where any draw's logits were non-finite: the score is then 0.
+    A sample with no recorded draw (R = 0) scores 0.
+    """
+    c = np.asarray(correct, dtype=bool)
+    if c.ndim != 2:
+        raise ValueError(f"per-draw correctness must be a (samples, draws) matrix, got shape {c.shape}")
+    crit = parse_criterion(criterion)
+    draws = c.shape[1]
+    hits = c.sum(axis=1)
+    if crit is Criterion.ALL:
+        score = (hits == draws) & (draws > 0)
+    elif crit is Criterion.MAJORITY:
+        score = 2 * hits > draws
+    else:
+        score = hits / max(draws, 1)
+    score = np.asarray(score, dtype=float)
+    if finite is not None:
+        score = np.where(np.asarray(finite, dtype=bool), score, 0.0)
+    return score
+
+
+def still_attackable(correct: np.ndarray, finite: np.ndarray | None = None) -> np.ndarray:
+    """True while any draw is still correct (and no draw was non-finite): the cascade attacks on.
+
+    A sample for which this is False scores 0 under every criterion, so dropping it cannot
+    make any criterion's worst case too high.
+    """
+    return stage_score(correct, Criterion.MEAN, finite) > 0
+
+
+def row_scores(records: pd.DataFrame, criterion: str | Criterion) -> np.ndarray:
+    """Score of every record row (one sample at one stage) from its recorded draws.
+
+    Draws come from ``preds`` (one predicted class per draw, -1 for non-finite logits) against
+    ``label``; records without ``preds`` give one draw, ``correct_all``. ``finite`` (all draws
+    finite) zeroes the score. Whether the stage attempted the sample is not looked at here.
+    """
+    n = len(records)
+    finite = records["finite"].to_numpy(dtype=bool) if "finite" in records.columns else np.ones(n, dtype=bool)
+    if "preds" not in records.columns:
+        return stage_score(records["correct_all"].to_numpy(dtype=bool)[:, None], criterion, finite)
+    if "label" not in records.columns:
+        raise ValueError("records with 'preds' need the 'label' column to score the draws")
+    preds = records["preds"].to_numpy(dtype=object)
+    labels = records["label"].to_numpy(dtype=np.int64)
+    lengths = np.fromiter((0 if p is None else len(p) for p in preds), dtype=np.int64, count=n)
+    out = np.zeros(n)
+    for draws in np.unique(lengths):
+        rows = np.flatnonzero(lengths == draws)
+        if draws == 0:
+            continue  # no recorded draw: not robust
+        matrix = np.stack([np.asarray(preds[i], dtype=np.int64) for i in rows])
+        out[rows] = stage_score(matrix == labels[rows, None], criterion, finite[rows])
+    return out
+
+
+def attackable_rows(records: pd.DataFrame) -> np.ndarray:
+    """Per record row: the stage attempted the sample and :func:`still_attackable` holds after it
+    (the cascade's state after that stage, e.g. when extending a run with more stages)."""
+    attempted = records["attempted"].to_numpy(dtype=bool) if "attempted" in records.columns else True
+    return attempted & (row_scores(records, Criterion.MEAN) > 0)
+
+
+def stages(records: pd.DataFrame) -> list[tuple[int, str]]:
+    """``(stage, attack)`` pairs in battery order, clean (stage 0) first."""
+    pairs = records[["stage", "attack"]].drop_duplicates().sort_values("stage")
+    return [(int(s), str(a)) for s, a in pairs.itertuples(index=False)]
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    """Per-sample scores under one criterion over a battery's stages.
+
+    ``alone[:, j]`` is the score at stage j (0 where that stage did not attempt the sample);
+    ``cumulative[:, j]`` the worst case over the clean stage and the attempted stages up to j;
+    ``upper_bound[j]`` is True when some sample was skipped at a stage up to j while its worst
+    case so far was above 0, so ``cumulative[:, j]`` may be too high.
+    """
+
+    criterion: Criterion
+    index: np.ndarray  # (n,) dataset indices, ascending
+    names: tuple[str, ...]  # stage names in battery order, "clean" first
+    alone: np.ndarray  # (n, stages)
+    cumulative: np.ndarray  # (n, stages)
+    upper_bound: np.ndarray  # (stages,) bool
+
+    @property
+    def worst(self) -> np.ndarray:
+        """Per-sample worst case over the whole battery."""
+        return self.cumulative[:, -1]
+
+    @property
+    def worst_is_upper_bound(self) -> bool:
+        return bool(self.upper_bound[-1])
+
+
+def _one_seed(records: pd.DataFrame, crit: Criterion) -> WorstCase:
+    pairs = stages(records)
+    if not pairs or pairs[0] != (0, "clean"):
+        raise ValueError("records have no clean stage (stage 0, attack 'clean')")
+    column = {stage: j for j, (stage, _) in enumerate(pairs)}
+    if records.duplicated(["index", "stage"]).any():
+        raise ValueError("records hold several rows for one sample at one stage (and seed); they cannot be scored")
+    index = np.sort(records["index"].unique())
+    rows = np.searchsorted(index, records["index"].to_numpy())
+    cols = records["stage"].map(column).to_numpy()
+    stage0 = records["stage"].to_numpy() == 0
+    attempted = (records["attempted"].to_numpy(dtype=bool) if "attempted" in records.columns
+                 else np.ones(len(records), dtype=bool))
+    alone = np.zeros((len(index), len(pairs)))  # a missing row scores 0: not robust
+    tried = np.ones((len(index), len(pairs)), dtype=bool)
+    skipped = np.zeros((len(index), len(pairs)), dtype=bool)
+    alone[rows, cols] = np.where(attempted | stage0, row_scores(records, crit), 0.0)
+    tried[rows, cols] = attempted | stage0
+    if "skipped" in records.columns:
+        skipped[rows, cols] = records["skipped"].fillna("").astype(str).to_numpy() != ""
+    cumulative = np.empty_like(alone)
+    upper = np.zeros(len(pairs), dtype=bool)
+    worst = alone[:, 0].copy()
+    cumulative[:, 0] = worst
+    for j in range(1, len(pairs)):
+        upper[j] = upper[j - 1] or bool(np.any(~tried[:, j] & ~skipped[:, j] & (worst > 0)))
+        worst = np.where(tried[:, j], np.minimum(worst, alone[:, j]), worst)
+        cumulative[:, j] = worst
+    return WorstCase(crit, index, tuple(name for _, name in pairs), alone, cumulative, upper)
+
+
+def worst_case_by_seed(records: pd.DataFrame, criterion: str | Criterion) -> dict[int, WorstCase]:
+    """:class:`WorstCase` of each recorded seed (key 0 when the records have no ``seed`` column)."""
+    crit = parse_criterion(criterion)
+    if "seed" not in records.columns:
+        return {0: _one_seed(records, crit)}
+    return {int(s): _one_seed(g, crit) for s, g in records.groupby("seed", sort=True)}
+
+
+def worst_case(records: pd.DataFrame, criterion: str | Criterion) -> WorstCase:
+    """Per-sample scores under ``criterion``; several seeds are several runs of the battery, and
+    every column is the minimum over them."""
+    parts = list(worst_case_by_seed(records, criterion).values())
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    for p in parts[1:]:
+        if not np.array_equal(p.index, first.index) or p.names != first.names:
+            raise ValueError("seeds were evaluated on different samples or batteries; analyse them separately")
+    return WorstCase(first.criterion, first.index, first.names,
+                     np.minimum.reduce([p.alone for p in parts]), np.minimum.reduce([p.cumulative for p in parts]),
+                     np.logical_or.reduce([p.upper_bound for p in parts]))
+
+
+def eval_draws(records: pd.DataFrame) -> int:
+    """Number R of evaluation draws per sample (longest ``preds``), 1 if unknown."""
+    if "preds" not in records.columns or records.empty:
+        return 1
+    return int(max(len(p) if p is not None else 1 for p in records["preds"]))

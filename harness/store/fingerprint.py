@@ -1,0 +1,175 @@
+"""What determines a run's results beyond its config: the defense's source files and weights, the
+evaluated data, the versions of the packages that compute results, and the harness commit.
+
+The fingerprint is stored in the run's provenance; a resume whose fingerprint differs is refused
+(naming what changed), so one run directory never mixes shards of two models or datasets.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+# packages whose version can change a result (attacks, models, data decoding)
+RESULT_PACKAGES = ("torch", "torchvision", "pyautoattack", "torchattacks", "robustness-harness")
+# source files under these packages are covered by the package version or harness commit instead
+_VERSIONED_ROOTS = tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, __import__("harness")))
+
+# field name -> how a mismatch is named to the user
+LABELS = {"defense_source": "defense source", "defense_weights": "defense weights (parameters and buffers)",
+          "data": "data (selected images and labels)", "versions": "package versions",
+          "harness_commit": "harness git commit"}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Hashes (sha256 hex) of everything besides the config that determines a run's results."""
+
+    defense_source: dict[str, str] = field(default_factory=dict)  # source file -> hash
+    defense_weights: str = ""
+    data: str = ""
+    versions: dict[str, str | None] = field(default_factory=dict)
+    harness_commit: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Fingerprint":
+        known = {k: data[k] for k in LABELS if k in data}
+        return cls(**known)
+
+    def differences(self, new: "Fingerprint") -> list[str]:
+        """What changed from ``self`` (stored) to ``new``, one human-readable item per field."""
+        out = []
+        for key, label in LABELS.items():
+            old_v, new_v = getattr(self, key), getattr(new, key)
+            if old_v == new_v:
+                continue
+            if isinstance(old_v, dict):
+                changed = sorted(k for k in set(old_v) | set(new_v) if old_v.get(k) != new_v.get(k))
+                detail = ", ".join(f"{k}: {_short(old_v.get(k))} -> {_short(new_v.get(k))}" for k in changed)
+            else:
+                detail = f"{_short(old_v)} -> {_short(new_v)}"
+            out.append(f"{label} ({detail})")
+        return out
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "none"
+    text = str(value)
+    return text[:12] if len(text) == 64 else text
+
+
+def compute(spec: str, defense: nn.Module, x: np.ndarray, y: np.ndarray) -> Fingerprint:
+    """Fingerprint of defense ``spec`` (built as ``defense``) evaluated on images ``x`` with labels ``y``."""
+    files = defense_source_files(spec, defense)
+    return Fingerprint(defense_source={str(p): hash_file(p) for p in files}, defense_weights=hash_state(defense),
+                       data=hash_arrays(x, y), versions=package_versions(RESULT_PACKAGES), harness_commit=git_commit())
+
+
+def defense_source_files(spec: str, defense: nn.Module) -> list[Path]:
+    """The file a defense spec names (``file.py:f``, ``module:f``, or a registered factory's module) and the
+    files defining the defense's module classes, except torch's and the harness's own (those are versioned)."""
+    files: set[Path] = set()
+    factory_file = _spec_file(spec)
+    if factory_file is not None:
+        files.add(factory_file)
+    for module in defense.modules():
+        try:
+            source = inspect.getsourcefile(type(module))
+        except (TypeError, OSError):
+            continue
+        if source:
+            files.add(Path(source).resolve())
+    return sorted(p for p in files if p.is_file() and not str(p).startswith(_VERSIONED_ROOTS))
+
+
+def _spec_file(spec: str) -> Path | None:
+    target = spec.rpartition(":")[0]
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        return Path(target).expanduser().resolve()
+    if target:
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            return None
+        return Path(found.origin).resolve() if found is not None and found.origin else None
+    from harness.api.defense import DEFENSES
+    try:
+        factory = DEFENSES.get(spec)
+        source = inspect.getsourcefile(factory)
+    except (LookupError, TypeError, OSError):
+        return None
+    return Path(source).resolve() if source else None
+
+
+def hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_state(module: nn.Module) -> str:
+    """Hash of every parameter and buffer (names, dtypes, shapes and values)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        if not isinstance(tensor, torch.Tensor):
+            digest.update(f"{name}={tensor!r};".encode())
+            continue
+        t = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{t.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def hash_arrays(*arrays: np.ndarray) -> str:
+    digest = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(f"{a.dtype}:{a.shape};".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """The harness checkout's commit, or None outside a git checkout."""
+    return _git("rev-parse", "HEAD")
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked harness files differ from the commit (None outside a git checkout)."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)

@@ -1,0 +1,411 @@
+"""The run-directory format: the one module that writes and reads ``<out>/<run-id>/``.
+
+Layout::
+
+    format.json                  {"format": "robustness-harness run", "version": FORMAT_VERSION}; checked on load
+    config.toml                  fully resolved RunConfig (battery, escalations)
+    provenance.json              planned samples (indices, shard sizes), fingerprint (harness.store.fingerprint), forced
+                                 resumes, git state, device, seed, one ``sessions`` entry per start (threads,
+                                 machine, load), ``started``; ``finished`` only once every stage of every shard
+                                 (escalations included) is stored; ``sequential`` where a ``--until`` run
+                                 stopped (the run is its first ``shards`` shards)
+    diagnostics.json             run-level diagnostic flags (written when the run finishes)
+    records/shard-00000.parquet  one row per (sample, stage), long format (docs/results-format.md)
+    records/shard-00000.json     per-shard side data: {"stages": [...], "attacks": {...}, "diagnostics": [...]}
+    adversarials/shard-00000.pt  adversarial inputs (with --save-adversarials)
+    .lock, records/.shard-00000.lock   inter-process locks (empty files)
+
+Every file is written through :mod:`harness.atomic` (unique temporary name, fsync, rename), so an
+interrupted run never leaves a half-written file. A shard counts as finished when its Parquet file
+exists and holds the expected stages; a run is complete when it is ``finished`` and every planned
+shard is (:func:`harness.store.status.completeness`). Concurrent processes coordinate through the locks: the run lock
+guards config and provenance, a shard lock guards the computation and files of one shard.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import platform
+import re
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from harness import atomic
+from harness.api.config import RunConfig, read_config, write_config
+from harness.errors import HarnessError, MissingInputError, UsageError
+from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
+from harness.api.flags import check_codes
+from harness.store.locks import file_lock
+from harness.store.machine import hardware, load_average
+from harness.stats.scoring import stages
+
+FORMAT_VERSION = 2
+# versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran)
+READABLE_VERSIONS = (1, 2)
+FORMAT_FILE = "format.json"
+FORMAT_NAME = "robustness-harness run"
+
+
+class RunKind(str, Enum):
+    """What a run directory holds (``format.json`` key ``kind``; absent means ``attack``): the records of an
+    attack battery (``harness run``: one row per sample and stage, :data:`SCHEMA`) or of randomized-smoothing
+    certification (``harness certify``: one row per sample, ``harness.certify.certification.CERTIFY_SCHEMA``)."""
+
+    ATTACK = "attack"
+    CERTIFY = "certify"
+
+SCHEMA = pa.schema([
+    ("index", pa.int64()), ("label", pa.int64()), ("shard", pa.int64()), ("stage", pa.int64()), ("attack", pa.string()),
+    ("attempted", pa.bool_()), ("preds", pa.list_(pa.int64())), ("correct_all", pa.bool_()),
+    ("correct_majority", pa.bool_()), ("correct_frac", pa.float64()), ("finite", pa.bool_()), ("success", pa.bool_()),
+    ("loss", pa.float64()), ("margin", pa.float64()), ("linf", pa.float64()), ("l2", pa.float64()),
+    ("time_s", pa.float64()), ("classifier_forward", pa.float64()), ("classifier_backward", pa.float64()),
+    ("purifier_forward", pa.float64()), ("purifier_backward", pa.float64()), ("projected", pa.bool_()),
+    ("nonfinite_query", pa.bool_()),
+    ("eps", pa.float64()), ("norm", pa.string()), ("iterations", pa.int64()), ("restarts", pa.int64()),
+    ("eot", pa.int64()), ("grad_mode", pa.string()), ("queries", pa.int64()), ("noise_samples", pa.int64()),
+    ("step_size", pa.float64()), ("schedule", pa.string()), ("loss_fn", pa.string()), ("eot_source", pa.string()), ("grad_source", pa.string()),
+    ("seed", pa.int64()), ("skipped", pa.string()),
+])
+COLUMNS = SCHEMA.names
+# columns that measure the machine, not the result; they differ between identical runs
+TIMING_COLUMNS = ("time_s",)
+PACKAGES = ("torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "pyautoattack", "torchattacks", "timm",
+            "robustness-harness")
+_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+
+
+class RunFormatError(UsageError):
+    """A run directory's file is missing, unreadable, or of another format version."""
+
+
+class ResumeMismatchError(UsageError):
+    """A resume would mix results of a different defense, data or software into an existing run."""
+
+
+def validate_run_id(run_id: str) -> str:
+    """A run id must be one safe path component, so ``--run-id`` cannot write outside ``--out``."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise UsageError(f"--run-id {run_id!r} is not a single safe directory name; accepted: letters, digits and "
+                         "_ . + - (not starting with . + or -, at most 200 characters, no / or \\); "
+                         "use --out to choose the parent directory")
+    return run_id
+
+
+def make_run_id(cfg: RunConfig) -> str:
+    """``<defense>-<dataset>-<hash>``: the hash covers every result-relevant config field, so the same
+    command maps to the same directory (and resumes) while any change of settings gets a new one."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(cfg.defense.split(":")[0]).stem if ":" in cfg.defense else cfg.defense)
+    return validate_run_id(f"{stem.strip('_.-') or 'defense'}-{cfg.dataset}-{cfg.fingerprint()}")
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    atomic.write_text(path, json.dumps(obj, indent=2, default=_json_default))
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RunFormatError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """A record shard's Parquet table; a damaged file (cut short, overwritten) is a :class:`RunFormatError` saying how
+    to recompute it (a resume recomputes exactly the shards whose Parquet file is missing)."""
+    try:
+        return pq.read_table(path, columns=columns)
+    except pa.ArrowException as exc:
+        try:
+            command = "harness certify" if check_format(path.parent.parent) is RunKind.CERTIFY else "harness run"
+        except HarnessError:
+            command = "harness run"
+        raise RunFormatError(f"record shard {str(path)!r} is damaged (truncated or not a Parquet file); delete it and "
+                             f"run the run's `{command}` command again (same arguments): the resume recomputes that "
+                             "shard") from exc
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The samples a run evaluates, in order, and how they are cut into shards."""
+
+    indices: list[int]
+    shard_sizes: list[int]
+
+    @classmethod
+    def split(cls, indices: list[int], shard_size: int) -> "Plan":
+        n = len(indices)
+        return cls(list(indices), [min(shard_size, n - i) for i in range(0, n, shard_size)])
+
+    def shards(self) -> list[list[int]]:
+        out, start = [], 0
+        for size in self.shard_sizes:
+            out.append(self.indices[start:start + size])
+            start += size
+        return out
+
+
+def stage_names(cfg: RunConfig) -> list[str]:
+    """Stage names a complete shard holds, in order: clean, the battery, then the escalations."""
+    specs = [*cfg.battery, *cfg.escalations]
+    return ["clean"] + [str(s.get("name") or s.get("attack")) for s in specs]
+
+
+class RunStore:
+    """Reads and writes one run directory."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.dir = Path(run_dir)
+        self.records_dir = self.dir / "records"
+        self.adv_dir = self.dir / "adversarials"
+
+    # -- locks -----------------------------------------------------------------------------
+    def run_lock(self) -> contextlib.AbstractContextManager[bool]:
+        """Exclusive lock for config, provenance and diagnostics writes (blocks until held)."""
+        return file_lock(self.dir / ".lock")
+
+    def shard_lock(self, shard: int, *, blocking: bool) -> contextlib.AbstractContextManager[bool]:
+        """Exclusive lock for computing and writing one shard; non-blocking yields False if another holds it."""
+        return file_lock(self.records_dir / f".shard-{shard:05d}.lock", blocking=blocking)
+
+    # -- config and provenance -------------------------------------------------------------
+    def open(self, cfg: RunConfig, *, plan: Plan, fingerprint: Fingerprint, info: dict[str, Any],
+             force_resume: bool = False, kind: RunKind = RunKind.ATTACK,
+             reader: Callable[[Path], Any] = read_config) -> bool:
+        """Create the run directory, or check that an existing one holds the same experiment (config and
+        fingerprint); returns True when resuming. Call it holding :meth:`run_lock`.
+
+        A changed fingerprint is refused naming what changed, unless ``force_resume`` (then recorded in
+        provenance under ``forced_resumes``). ``info`` is extra provenance (device, defense, data source).
+        ``kind`` and ``reader`` (reads the stored config back) are set by runs other than attack runs; their
+        config needs ``to_dict``, ``result_dict``, ``batch_size`` and ``seed``.
+        """
+        cfg_path = self.dir / "config.toml"
+        resuming = cfg_path.is_file()
+        prov: dict[str, Any] = {}
+        forced: list[dict[str, Any]] = []
+        if resuming:
+            check_format(self.dir, kind)
+            version = _read_json(self.dir / FORMAT_FILE).get("version")
+            if version != FORMAT_VERSION:
+                raise ResumeMismatchError(f"run directory {str(self.dir)!r} was written in run format version {version}; "
+                                          f"this harness writes version {FORMAT_VERSION}, and one run holds one format: "
+                                          "use another --run-id or --out (reports still read it)")
+            old = reader(cfg_path)
+            if old.result_dict() != cfg.result_dict():
+                diff = sorted(k for k, v in cfg.result_dict().items() if old.result_dict().get(k) != v)
+                raise ResumeMismatchError(f"run directory {str(self.dir)!r} holds a run with different settings ({', '.join(diff)}); "
+                                 "use another --run-id or --out, or delete that directory to start over")
+            if old.batch_size != cfg.batch_size:  # attack seeds are drawn per batch: a new size changes results
+                raise ResumeMismatchError(f"run directory {str(self.dir)!r} was run with --batch-size {old.batch_size}; resume it "
+                                 f"with the same --batch-size (got {cfg.batch_size}) so the remaining shards match")
+            prov = load_provenance(self.dir)
+            forced = list(prov.get("forced_resumes", []))
+            changes = Fingerprint.from_dict(prov.get("fingerprint") or {}).differences(fingerprint)
+            if changes and not force_resume:
+                raise ResumeMismatchError(
+                    f"refusing to resume run {str(self.dir)!r}: {'; '.join(changes)} changed since it started, so its "
+                    "table would mix results of two experiments; use another --run-id or --out, or pass "
+                    "--force-resume to continue anyway (recorded in provenance.json)")
+            if changes:
+                forced.append({"at": _now(), "changed": changes, "previous": prov.get("fingerprint")})
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind.value})
+        write_config(cfg, cfg_path)
+        commit, dirty = git_commit(), git_dirty()
+        # One entry per start (a resume, or each --shard-slice job): the top-level fields describe the latest
+        # start only, so threads, device or machine that changed between starts stay visible here.
+        session = {"started": _now(), "git_commit": commit, "git_dirty": dirty,
+                   **hardware(torch.device(info.get("device", "cpu"))), "load_average": load_average(),
+                   "shards_stored": len(list(self.records_dir.glob("shard-*.parquet")))}
+        self._provenance = {
+            "format_version": FORMAT_VERSION, "run_id": self.dir.name, "git_commit": commit,
+            "git_dirty": dirty, "packages": package_versions(PACKAGES), "python": platform.python_version(),
+            "platform": platform.platform(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "threads": session["threads"], "seed": cfg.seed, **info, "n_samples": len(plan.indices),
+            "indices": plan.indices, "shard_sizes": plan.shard_sizes, "fingerprint": fingerprint.to_dict(),
+            "forced_resumes": forced, "sessions": [*prov.get("sessions", []), session],
+            "started": prov.get("started") or _now(), "finished": None}
+        _write_json(self.dir / "provenance.json", self._provenance)
+        return resuming
+
+    def write_config(self, cfg: RunConfig) -> None:
+        write_config(cfg, self.dir / "config.toml")
+
+    def finish(self, flags: list[dict[str, Any]]) -> None:
+        """Write the run-level diagnostics, then mark the run finished. Call it only when every planned
+        shard holds every stage (escalations included), holding :meth:`run_lock`."""
+        check_codes(flags, source=str(self.dir / "diagnostics.json"))
+        _write_json(self.dir / "diagnostics.json", flags)
+        prov = load_provenance(self.dir)
+        prov["finished"] = _now()
+        _write_json(self.dir / "provenance.json", prov)
+
+    # -- shards ----------------------------------------------------------------------------
+    def shard_path(self, shard: int, suffix: str = ".parquet") -> Path:
+        return self.records_dir / f"shard-{shard:05d}{suffix}"
+
+    def shard_written(self, shard: int) -> bool:
+        """Whether the shard's files are there: its side data and, written last (:meth:`write_shard`), its Parquet
+        file. Which stages it holds is :meth:`shard_stages`."""
+        return self.shard_path(shard).is_file() and self.shard_path(shard, ".json").is_file()
+
+    def shard_stages(self, shard: int) -> list[str] | None:
+        """Stage names (in stage order) of a finished shard, read from its Parquet file; None if unfinished."""
+        if not self.shard_written(shard):
+            return None
+        t = read_table(self.shard_path(shard), columns=["stage", "attack"]).to_pandas()
+        return [attack for _, attack in stages(t)]
+
+    def read_side(self, shard: int) -> dict[str, Any]:
+        path = self.shard_path(shard, ".json")
+        side = _read_json(path)
+        if not isinstance(side, dict):
+            raise RunFormatError(f"{str(path)!r} must hold a JSON object (stages, attacks, diagnostics)")
+        check_codes(side.get("diagnostics", []), source=str(path))
+        return side
+
+    def read_shard(self, shard: int) -> pd.DataFrame:
+        return _upgrade(read_table(self.shard_path(shard)).to_pandas())
+
+    def read_records(self, shards: Iterable[int]) -> pd.DataFrame:
+        """The records of the given finished shards, concatenated."""
+        return pd.concat([self.read_shard(s) for s in shards], ignore_index=True)
+
+    def record_sequential(self, info: dict[str, Any]) -> None:
+        """Store where a sequential (``--until``) run stopped; its run then consists of the first
+        ``info["shards"]`` shards. Call it holding :meth:`run_lock`."""
+        prov = load_provenance(self.dir)
+        prov["sequential"] = info
+        _write_json(self.dir / "provenance.json", prov)
+
+    def write_shard(self, shard: int, records: pd.DataFrame, side: dict[str, Any],
+                    adversarials: dict[str, Any] | None = None, schema: pa.Schema = SCHEMA) -> None:
+        """Write side data, adversarials, then the Parquet file last: the Parquet file is the record of which
+        stages are finished, so an interruption at any point leaves a consistent shard. Call it holding
+        :meth:`shard_lock`: temporary files of this shard left by a writer killed mid-write (SIGKILL skips the
+        clean-up of :mod:`harness.atomic`) are removed first."""
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (self.records_dir, self.adv_dir):
+            for stale in directory.glob(f".shard-{shard:05d}.*.tmp"):
+                stale.unlink(missing_ok=True)
+        check_codes(side.get("diagnostics", []), source=str(self.shard_path(shard, ".json")))
+        _write_json(self.shard_path(shard, ".json"), side)
+        if adversarials is not None:
+            with atomic.atomic_path(self.adv_dir / f"shard-{shard:05d}.pt") as tmp:
+                torch.save(adversarials, tmp)
+        table = pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
+        with atomic.atomic_path(self.shard_path(shard)) as tmp:
+            pq.write_table(table, tmp, compression="zstd")  # records are committed: small beats fast here
+
+    def read_adversarials(self, shard: int) -> dict[str, Any] | None:
+        path = self.adv_dir / f"shard-{shard:05d}.pt"
+        return torch.load(path, weights_only=True) if path.is_file() else None
+
+
+# -- readers: everything that reads a run goes through these ----------------------------------
+def check_format(run_dir: str | Path, kind: RunKind | None = None) -> RunKind:
+    """Raise :class:`RunFormatError` unless ``run_dir`` is a run directory of this harness's format version (and
+    of ``kind``, when given); returns its kind."""
+    path = Path(run_dir) / FORMAT_FILE
+    if not Path(run_dir).is_dir():
+        raise MissingInputError(f"run directory {str(run_dir)!r} does not exist (expected <out>/<run-id>/ from "
+                                "`harness run`)")
+    if not path.is_file():
+        raise RunFormatError(f"{str(path)!r} is missing: {str(run_dir)!r} is not a run directory of this harness, or "
+                             f"was written before run-format versioning (this harness reads format version "
+                             f"{FORMAT_VERSION}); delete it, or rerun into another --run-id or --out")
+    data = _read_json(path)
+    version = data.get("version") if isinstance(data, dict) else None
+    if version not in READABLE_VERSIONS:
+        raise RunFormatError(f"{str(path)!r} says run format version {version!r}, but this harness reads versions "
+                             f"{', '.join(map(str, READABLE_VERSIONS))}; read it with the harness version that wrote it, "
+                             "or rerun into another --run-id or --out")
+    try:
+        found = RunKind(data.get("kind", RunKind.ATTACK.value))
+    except ValueError:
+        raise RunFormatError(f"{str(path)!r} says kind {data.get('kind')!r}; accepted: "
+                             f"{', '.join(k.value for k in RunKind)}") from None
+    if kind is not None and found is not kind:
+        command = "harness certify" if found is RunKind.CERTIFY else "harness run"
+        raise RunFormatError(f"{str(run_dir)!r} holds a {found.value} run (made by `{command}`), not a {kind.value} run")
+    return found
+
+
+def load_config(run_dir: str | Path) -> RunConfig:
+    """The config of an attack run (a certification run's: ``harness.certify.certification.load_certify_config``)."""
+    check_format(run_dir, RunKind.ATTACK)
+    return read_config(Path(run_dir) / "config.toml")
+
+
+def load_provenance(run_dir: str | Path) -> dict[str, Any]:
+    check_format(run_dir)
+    path = Path(run_dir) / "provenance.json"
+    if not path.is_file():
+        raise RunFormatError(f"{str(path)!r} is missing; rerun the run's `harness run` command to restore it")
+    return _read_json(path)
+
+
+def load_records(run_dir: str | Path) -> pd.DataFrame:
+    """All finished shards of a run as one long DataFrame (one row per sample and stage); complete or not,
+    see :func:`harness.store.status.completeness`."""
+    check_format(run_dir)
+    records = Path(run_dir) / "records"
+    keep = kept_shards(load_provenance(run_dir)) if (Path(run_dir) / "provenance.json").is_file() else None
+    paths = sorted(p for p in records.glob("shard-*.parquet") if keep is None or int(p.stem.split("-")[-1]) < keep)
+    if not paths:
+        raise MissingInputError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
+    df = _upgrade(pd.concat([read_table(p).to_pandas() for p in paths], ignore_index=True))
+    return df.sort_values([c for c in ("index", "stage") if c in df.columns], kind="stable").reset_index(drop=True)
+
+
+def _upgrade(records: pd.DataFrame) -> pd.DataFrame:
+    """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran)."""
+    if "stage" in records.columns:
+        records["skipped"] = records["skipped"].fillna("") if "skipped" in records.columns else ""
+    return records
+
+
+def kept_shards(prov: dict[str, Any]) -> int | None:
+    """How many shards (from the first) a sequentially stopped run consists of; None for other runs."""
+    seq = prov.get("sequential")
+    return int(seq["shards"]) if isinstance(seq, dict) and seq.get("shards") is not None else None
+
+
+def load_diagnostics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Run-level diagnostic flags ([] before the run finished)."""
+    check_format(run_dir)
+    path = Path(run_dir) / "diagnostics.json"
+    flags = _read_json(path) if path.is_file() else []
+    if not isinstance(flags, list):
+        raise RunFormatError(f"{str(path)!r} must hold a JSON list of flags, got {type(flags).__name__}")
+    check_codes(flags, source=str(path))
+    return flags
+
+
+def load_side(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """Per-shard side data (stages, per-attack counts and traces, shard flags) by shard number."""
+    check_format(run_dir)
+    store = RunStore(run_dir)
+    shards = sorted(int(p.stem.split("-")[-1]) for p in store.records_dir.glob("shard-*.json"))
+    return {s: store.read_side(s) for s in shards}

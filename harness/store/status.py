@@ -1,0 +1,114 @@
+"""How much of a run's plan its directory holds: planned vs stored samples, missing shards, whether it finished.
+
+Reports refuse incomplete runs unless asked for a partial view (:func:`require_complete`); resume, the sequential
+rule and the CLI read :func:`completeness` directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UsageError
+from harness.stats.scoring import stages
+from harness.store.rundir import (Plan, RunFormatError, RunKind, RunStore, check_format, kept_shards, load_config,
+                                  load_provenance, read_table, stage_names)
+
+
+class IncompleteRunError(UsageError):
+    """A report was asked of a run that is not complete (without ``--partial``)."""
+
+
+@dataclass(frozen=True)
+class Completeness:
+    """How much of a run's plan is stored: planned vs done samples, the shards missing or short of stages."""
+
+    run: str
+    planned: int
+    done: int
+    stages: list[str]
+    missing_shards: list[int] = field(default_factory=list)
+    finished: bool = False
+    kind: RunKind = RunKind.ATTACK
+
+    @property
+    def complete(self) -> bool:
+        return self.finished and not self.missing_shards and self.done == self.planned
+
+    def describe(self) -> str:
+        """``24 of 32 samples done; missing shards 1; not finished (...)`` (one line)."""
+        parts = [f"{self.done} of {self.planned} samples done"]
+        if self.missing_shards:
+            parts.append(f"missing or unfinished shards {_ranges(self.missing_shards)}")
+        if not self.finished:
+            parts.append(f"not finished (in progress, or stopped before {_BY_KIND[self.kind][1]})")
+        return "; ".join(parts)
+
+    @property
+    def command(self) -> str:
+        """The command that made the run, and so finishes it when run again."""
+        return _BY_KIND[self.kind][0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partial": not self.complete, "n_done": self.done, "n_planned": self.planned,
+                "missing_shards": list(self.missing_shards), "finished": self.finished}
+
+
+# per kind of run: the command that makes and resumes it, and what it does after its last shard
+_BY_KIND = {RunKind.ATTACK: ("harness run", "its escalation stages and final diagnostics"),
+            RunKind.CERTIFY: ("harness certify", "being marked finished")}
+
+
+def _ranges(values: list[int]) -> str:
+    out: list[str] = []
+    for v in values:
+        if out and out[-1].split("-")[-1] == str(v - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{v}"
+        else:
+            out.append(str(v))
+    return ", ".join(out)
+
+
+def completeness(run_dir: str | Path) -> Completeness:
+    """Compare what a run stores with its plan (provenance indices and shard sizes, config stages)."""
+    prov = load_provenance(run_dir)
+    kind = check_format(run_dir)
+    cfg = load_config(run_dir) if kind is RunKind.ATTACK else None
+    if "indices" not in prov or "shard_sizes" not in prov:
+        raise RunFormatError(f"{str(Path(run_dir) / 'provenance.json')!r} lacks the planned indices and shard sizes")
+    plan = Plan(list(prov["indices"]), list(prov["shard_sizes"])[:kept_shards(prov)])
+    plan = Plan(plan.indices[:sum(plan.shard_sizes)], plan.shard_sizes)
+    expected = stage_names(cfg) if cfg is not None else None
+    store, done, missing = RunStore(run_dir), 0, []
+    for s, idx in enumerate(plan.shards()):
+        if _shard_complete(store, s, idx, expected):
+            done += len(idx)
+        else:
+            missing.append(s)
+    return Completeness(run=str(run_dir), planned=len(plan.indices), done=done, stages=expected or [],
+                        missing_shards=missing, finished=bool(prov.get("finished")), kind=kind)
+
+
+def _shard_complete(store: RunStore, shard: int, indices: list[int], expected: list[str] | None) -> bool:
+    """The shard's files exist and hold every sample at every expected stage (``None``: one row per sample)."""
+    if not store.shard_written(shard):
+        return False
+    if expected is None:
+        t = read_table(store.shard_path(shard), columns=["index"]).to_pandas()
+        return sorted(t["index"].tolist()) == sorted(indices)
+    t = read_table(store.shard_path(shard), columns=["index", "stage", "attack"]).to_pandas()
+    names = [attack for _, attack in stages(t)]
+    if names != expected or len(t) != len(indices) * len(expected):
+        return False
+    return all(sorted(g.tolist()) == sorted(indices) for _, g in t.groupby("stage")["index"])
+
+
+def require_complete(run_dir: str | Path, *, partial: bool = False) -> Completeness:
+    """The run's completeness; raises :class:`IncompleteRunError` (one line) for an incomplete run unless
+    ``partial``."""
+    state = completeness(run_dir)
+    if not state.complete and not partial:
+        raise IncompleteRunError(f"run {str(run_dir)!r} is incomplete: {state.describe()}; finish it by running its "
+                                 f"`{state.command}` command again, or see it labelled as partial with "
+                                 "`harness report --partial`")
+    return state

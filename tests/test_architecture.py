@@ -1,0 +1,78 @@
+"""The layout's rules that import-linter does not state: no module of the engine imports another in a cycle, no
+module outgrows one concept (about 400 lines), and the plugin folders are reached only under harness.*."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import grimp
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_LINES = 420  # "about 400": a module past this holds more than one concept
+PLUGIN_FOLDERS = ("attacks", "defenses", "reports", "presets")
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), i.e. the import cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_of_the_engine_imports_another_in_a_cycle() -> None:
+    graph = grimp.build_graph("harness")  # every import, those inside functions and TYPE_CHECKING blocks too
+    modules = set(graph.modules)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) & modules for m in modules}
+    assert _cycles(edges) == []
+
+
+def test_no_module_is_over_about_400_lines() -> None:
+    files = [p for d in ("harness", *PLUGIN_FOLDERS) for p in (REPO / d).rglob("*.py")]
+    long = {str(p.relative_to(REPO)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert files and long == {}
+
+
+def test_no_module_imports_a_plugin_folder_by_its_bare_name() -> None:
+    """`import attacks` would load a second copy of the package beside harness.attacks (registered twice)."""
+    bad = []
+    for path in REPO.rglob("*.py"):
+        if ".venv" in path.parts or "build" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}" for n in names if n.split(".")[0] in PLUGIN_FOLDERS]
+    assert bad == []
