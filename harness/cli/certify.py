@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from harness.cli.options import add_data_options, add_defense_options, parse_n
 from harness.cli.argtypes import COUNT, PROBABILITY, SEED
 from harness.api.config import parse_key_values
-from harness.errors import UsageError
 from harness.progress import setup_logging
 from harness.api.schema import Rule, arg_type
 
@@ -21,8 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description="Randomized-smoothing CERTIFY (Cohen et al. 2019) over a seeded subset of the "
                                           "test split, any defense as the base classifier; per-sample records go to "
                                           "OUT/RUN_ID/ (resumable). `harness report` gives certified accuracy at radii.")
-    p.add_argument("--defense", required=True, help="registered name, file.py:factory or module:factory")
-    p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE", help="defense factory option (repeatable)")
+    add_defense_options(p, required=True)
     p.add_argument("--sigma", type=SIGMA, required=True, help="noise standard deviation σ (ℓ2), > 0")
     p.add_argument("--N", type=COUNT, default=100_000, help="estimation noise draws per sample [100000]")
     p.add_argument("--n0", type=COUNT, default=100, help="selection noise draws per sample [100]")
@@ -30,9 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=COUNT, default=1000, help="noise draws per forward pass [1000]")
     p.add_argument("--n", default="500", help="test samples (a seeded subset) or 'all' [500]")
     p.add_argument("--seed", type=SEED, default=0, help="sample choice and noise [0]")
-    p.add_argument("--dataset", default="cifar10", choices=("cifar10", "cifar100", "svhn"), help="[cifar10]")
-    p.add_argument("--data-root", help="data directory [$HARNESS_DATA, else ~/.cache/harness/data]")
-    p.add_argument("--download", action="store_true", help="let torchvision download the dataset if missing")
+    add_data_options(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N [auto]")
     p.add_argument("--shard-size", type=COUNT, default=50, help="samples per stored shard (resume granularity) [50]")
     p.add_argument("--out", default="runs", help="directory for run directories [runs]")
@@ -47,12 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace):
     from harness.certify.certification import CertifyConfig
-    n: int | str = args.n
-    if n != "all":
-        try:
-            n = int(n)
-        except ValueError:
-            raise UsageError(f"--n must be 'all' or a positive integer, got {args.n!r}") from None
+    n = parse_n(args.n)
     return CertifyConfig(defense=args.defense, defense_opts=parse_key_values(args.defense_opt, "--defense-opt"),
                          dataset=args.dataset, data_root=args.data_root, download=args.download, n=n, seed=args.seed,
                          sigma=args.sigma, n0=args.n0, N=args.N, alpha=args.alpha, batch_size=args.batch_size,

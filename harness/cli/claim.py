@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.argtypes import COUNT, FRACTION, PERCENT, PROBABILITY
+from harness.cli.options import add_statistics_options
+from harness.cli.argtypes import COUNT, FRACTION, PERCENT
 from harness.errors import UsageError
 
 
@@ -20,9 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--b", type=PERCENT, required=True, help="accuracy of B in percent (e.g. 55.76)")
     p.add_argument("--n", type=COUNT, required=True, help="number of test samples behind A (and B unless --n-b)")
     p.add_argument("--n-b", type=COUNT, default=None, help="number of test samples behind B if different")
-    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence level (default 0.95)")
-    p.add_argument("--alpha", type=PROBABILITY, default=0.05, help="test level (default 0.05)")
-    p.add_argument("--power", type=PROBABILITY, default=0.8, help="power for the sample-size answer (default 0.8)")
+    add_statistics_options(p, bootstrap=False, alpha="test level", power=True)
     p.add_argument("--discordance", type=FRACTION, default=None,
                    help="assumed fraction of samples on which A and B disagree, for the paired sample size "
                         "(measure it with `harness compare`)")

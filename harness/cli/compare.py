@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED
+from harness.cli.options import add_statistics_options
+from harness.stats.scoring import Criterion
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,16 +22,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--attack-b", default=None,
                    help="column of RUN_B if different from --attack (RUN_B may equal RUN_A to compare two attacks; "
                         "meaningful for runs made with --every-attack)")
-    p.add_argument("--criterion", default="all", choices=("all", "majority"),
+    p.add_argument("--criterion", default="all", choices=[c.value for c in Criterion if c is not Criterion.MEAN],
                    help="stochastic defenses: robust in all R draws (default) or in the majority")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare even if the attack budgets (certification: σ, n0, N, α) differ")
     p.add_argument("--radius", type=float, default=0.5,
                    help="certification runs: compare certified accuracy at this ℓ2 radius [0.5]")
-    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence level (default 0.95)")
-    p.add_argument("--alpha", type=PROBABILITY, default=0.05, help="McNemar test level (default 0.05)")
-    p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--resamples", type=RESAMPLES, default=10_000, help="bootstrap resamples, at least 1000 (default 10000)")
+    add_statistics_options(p, alpha="McNemar test level")
     p.set_defaults(func=run)
 
 

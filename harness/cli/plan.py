@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.argtypes import FRACTION, PERCENT, POINTS, PROBABILITY
+from harness.cli.options import add_statistics_options
+from harness.cli.argtypes import FRACTION, PERCENT, POINTS
 from harness.errors import UsageError
 
 
@@ -22,9 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--discordance", type=FRACTION, default=None,
                    help="fraction (0-1) of samples on which A and B disagree, for the paired n "
                         "(`harness compare` measures it)")
-    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence (default 0.95)")
-    p.add_argument("--alpha", type=PROBABILITY, default=0.05, help="test level (default 0.05)")
-    p.add_argument("--power", type=PROBABILITY, default=0.8, help="power (default 0.8)")
+    add_statistics_options(p, bootstrap=False, alpha="test level", power=True)
     p.set_defaults(func=run)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED
+from harness.cli.options import add_statistics_options
+from harness.stats.scoring import Criterion
 from harness.errors import UsageError
 from harness.store.rundir import RunKind, check_format
 
@@ -18,11 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directory (runs/<run-id>)")
     p.add_argument("--format", default="markdown", choices=FORMATS, help="output format (default markdown)")
     p.add_argument("--output", "-o", type=Path, help="write to FILE instead of standard output")
-    p.add_argument("--criterion", default="all", choices=("all", "majority", "mean"),
+    p.add_argument("--criterion", default="all", choices=[c.value for c in Criterion],
                    help="stochastic defenses: robust in all R draws (default), in the majority, or mean over draws")
-    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="confidence level (default 0.95)")
-    p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--resamples", type=RESAMPLES, default=10_000, help="bootstrap resamples, at least 1000 (default 10000)")
+    add_statistics_options(p)
     p.add_argument("--radii", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], metavar="R",
                    help="certification runs: the ℓ2 radii of the certified-accuracy columns [0 0.25 0.5 0.75 1]")
     p.add_argument("--partial", action="store_true",

@@ -1,0 +1,145 @@
+"""Options shared by several subcommands, written once: the defense, the data, the sample count, where runs go,
+and the statistics options of report, compare, claim and plan. ``harness run``'s options are generated from
+:class:`~harness.api.config.RunConfig` (:func:`add_config_options`): the flag, type, choices and default come from
+the dataclass and its schema, the help text from :data:`RUN_HELP`, so a new field is one line there."""
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import Any
+
+from harness.api.config import FLAGS, RULES, RunConfig
+from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
+from harness.errors import UsageError
+from harness.sources.datasets import DATASETS
+
+DEFENSE_HELP = "registered name (see `harness list defenses`), file.py:factory or module:factory"
+DATA_ROOT_HELP = "data directory [$HARNESS_DATA, else ~/.cache/harness/data]"
+
+# RunConfig fields `harness run` sets, in the order --help lists them, with their help text ([default] appended)
+RUN_HELP: dict[str, str] = {
+    "defense": DEFENSE_HELP,
+    "defense_opts": "defense factory option, value a TOML literal (repeatable), e.g. --defense-opt bits=3",
+    "attacks": "preset name (see `harness list presets`), battery TOML file, or attack names separated by commas "
+               "[default: standard, or rand (APGD-CE and APGD-DLR with EOT-20) on a stochastic defense]",
+    "attack_opts": "attack option for every attack, or for one with ATTACK.KEY (repeatable), e.g. --attack-opt "
+                   "pgd.steps=50",
+    "n": "number of test samples (a seeded random subset), or 'all'",
+    "seed": "run seed: sample choice, attack and defense randomness",
+    "dataset": "",
+    "data_root": "data directory [default: $HARNESS_DATA, else ~/.cache/harness/data]",
+    "download": "let torchvision download the dataset if missing",
+    "eps": "perturbation budget, a number or a fraction like 8/255",
+    "norm": "",
+    "grad": "gradient mode through the purifier for every attack that does not fix its own [default: full]",
+    "eot": "EOT draws per gradient for every attack that takes them (see docs/presets.md for the precedence) "
+           "[default: 1, or 20 on a stochastic defense]",
+    "eval_repeats": "evaluations of each final input [default: 10 if stochastic, else 1]",
+    "every_attack": "run every attack on every sample (default: cascade, each attack only on samples still robust)",
+    "escalate": "do not add attacks when a diagnostic fires (flags are still reported)",
+    "skip_dead_gradients": "run every battery stage even after its gradient mode was found dead (zero or non-finite "
+                           "on every probed sample); by default such stages are skipped and recorded as skipped",
+    "probe_gradients": "do not probe the gradient modes on the first batch: every attack runs in the mode it "
+                       "resolves to, even one that gives no gradient (reproduces runs made before the probe existed)",
+    "module_mode": "modules the defense hands over in training mode: eval (dropout off, BatchNorm running "
+                   "statistics) or train (as handed over) [default: eval when that changes no output, else the run "
+                   "is refused until you say]",
+    "device": "auto, cpu, cuda or cuda:N",
+    "autocast": "bfloat16 autocast during attacks (CUDA or CPU; attacks that do not support it are refused)",
+    "channels_last": "networks and inputs in channels-last memory format (faster convolutions on CUDA)",
+    "compile": "run the defense's networks through torch.compile (CUDA; compile time is paid once per shape)",
+    "batch_size": "samples per attack call",
+    "shard_size": "samples per stored shard (resume granularity)",
+    "out": "directory for run directories",
+    "run_id": "run directory name [default: derived from the settings, so reruns resume]",
+    "save_adversarials": "store the adversarial inputs",
+    "quiet": "no progress bars or log lines",
+    "until": "sequential evaluation: samples in a seeded random order, stopping when an anytime-valid confidence "
+             "sequence answers: half-width=H (e.g. 0.01 = ±1 point on the worst case) or decided (the paired "
+             "difference to --against RUN excludes 0) [default: evaluate all --n]",
+    "against": "run directory that --until decided compares with (same --n, --seed and --until order)",
+}
+_TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str}  # parsed further than their annotation says
+_METAVARS = {"defense_opts": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN"}
+
+
+def _base_type(hint: Any) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    """One option per :data:`RUN_HELP` field of ``RunConfig``, default ``None`` ("not given": a ``--config`` file
+    or the dataclass default applies, see :func:`config_overrides`)."""
+    hints = typing.get_type_hints(RunConfig)
+    defaults = RunConfig()
+    for name, text in RUN_HELP.items():
+        flag, rule, kind = FLAGS.get(name, "--" + name.replace("_", "-")), RULES.get(name), _base_type(hints[name])
+        default = getattr(defaults, name)
+        hidden = "[default" in text or default is None or isinstance(default, bool) or default == {}
+        shown = "" if hidden else f" [default: {_shown(name, default)}]"
+        kw: dict[str, Any] = {"dest": name, "default": None, "help": (text + shown).strip() or None}
+        if kind is bool:
+            kw["action"] = "store_false" if flag.startswith("--no-") else "store_true"
+        elif name in ("defense_opts", "attack_opts"):
+            kw.update(action="append", metavar=_METAVARS[name])
+        else:
+            kw["type"] = _TYPES.get(name, kind)
+            if rule is not None and rule.choices and rule.low is None:
+                kw["choices"] = list(rule.choices)
+            if name in _METAVARS:
+                kw["metavar"] = _METAVARS[name]
+        p.add_argument(flag, **kw)
+
+
+def _shown(name: str, value: Any) -> str:
+    return "8/255" if name == "eps" and abs(value - 8 / 255) < 1e-12 else str(value)
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The :data:`RUN_HELP` fields given on the command line (``None``: not given), ``--n`` and the
+    ``KEY=VALUE`` lists parsed."""
+    from harness.api.config import parse_key_values
+
+    values = {name: getattr(args, name) for name in RUN_HELP}
+    values["n"] = parse_n(values["n"]) if values["n"] is not None else None
+    for name in ("defense_opts", "attack_opts"):
+        values[name] = parse_key_values(values[name], FLAGS[name]) or None
+    return values
+
+
+def parse_n(text: str) -> int | str:
+    """``--n``: a positive integer or ``all``."""
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--n must be 'all' or a positive integer, got {text!r}") from None
+
+
+def add_defense_options(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    p.add_argument("--defense", required=required, help=DEFENSE_HELP)
+    p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE",
+                   help="defense factory option, value a TOML literal (repeatable)")
+
+
+def add_data_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", default="cifar10", choices=tuple(DATASETS), help="[cifar10]")
+    p.add_argument("--data-root", help=DATA_ROOT_HELP)
+    p.add_argument("--download", action="store_true", help="let torchvision download the dataset if missing")
+
+
+def add_statistics_options(p: argparse.ArgumentParser, *, bootstrap: bool = True, alpha: str | None = None,
+                           power: bool = False) -> None:
+    """--confidence; --seed and --resamples of the bootstrap; --alpha (its help says what the level is for);
+    --power."""
+    p.add_argument("--confidence", type=PROBABILITY, default=0.95, help="interval confidence level (default 0.95)")
+    if alpha is not None:
+        p.add_argument("--alpha", type=PROBABILITY, default=0.05, help=f"{alpha} (default 0.05)")
+    if power:
+        p.add_argument("--power", type=PROBABILITY, default=0.8, help="power for the sample-size answer (default 0.8)")
+    if bootstrap:
+        p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
+        p.add_argument("--resamples", type=RESAMPLES, default=10_000,
+                       help="bootstrap resamples, at least 1000 (default 10000)")
