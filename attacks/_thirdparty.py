@@ -20,10 +20,10 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
-from harness.api.losses import cross_entropy, margin as margin_loss
-from harness.api.target import Target
-
 from harness.api.attack import AttackResult, Capabilities, Norm, project
+from harness.api.losses import cross_entropy
+from harness.api.losses import margin as margin_loss
+from harness.api.target import Target
 
 # gradient attacks through a library: EOT by the target, bfloat16 autocast tested (tests/test_autocast.py)
 # upstream returns the clean input for the samples it does not break

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.api.attack import register_attack
+
 from .torchattacks_adapter import TorchAttack
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from harness.api.target import Target
-
 from harness.api.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
+from harness.api.target import Target
 
 from ._thirdparty import LIBRARY_CAPABILITIES, default_draws, finalize, quiet_stdout
 

@@ -19,10 +19,10 @@ import math
 import torch
 from torch import Tensor
 
-from harness.api.losses import get_loss, margin as margin_loss
-from harness.api.target import Target
-
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
+from harness.api.losses import get_loss
+from harness.api.losses import margin as margin_loss
+from harness.api.target import Target
 
 
 @register_attack("joint-rec")

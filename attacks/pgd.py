@@ -12,10 +12,10 @@ import math
 import torch
 from torch import Tensor
 
-from harness.api.losses import get_loss, margin as margin_loss
-from harness.api.target import Target
-
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
+from harness.api.losses import get_loss
+from harness.api.losses import margin as margin_loss
+from harness.api.target import Target
 
 SCHEDULES = ("constant", "cosine", "step")
 

@@ -18,10 +18,9 @@ import math
 import torch
 from torch import Tensor
 
+from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 from harness.api.evaluation import correct
 from harness.api.target import Target
-
-from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 
 from ._thirdparty import finalize
 

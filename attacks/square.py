@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.api.target import Target
-
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.target import Target
 
 from ._thirdparty import finalize, quiet_stdout
 

@@ -15,9 +15,8 @@ from typing import Any
 
 from torch import Tensor
 
-from harness.api.target import Target
-
 from harness.api.attack import ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.target import Target
 
 from ._thirdparty import default_draws, finalize, quiet_stdout
 

@@ -14,10 +14,9 @@ from typing import Any
 
 from torch import Tensor
 
+from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, create_attack, register_attack
 from harness.api.defense import Defense, create_defense
 from harness.api.target import Target
-
-from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, create_attack, register_attack
 
 from ._thirdparty import default_draws, finalize
 

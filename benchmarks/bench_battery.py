@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import harness.defenses  # noqa: E402,F401  (registers at-small)
 from harness import runner  # noqa: E402
 from harness.api.config import RunConfig  # noqa: E402
-from harness.stats.scoring import worst_case  # noqa: E402
-from harness.sources.datasets import load_test_set, select_indices  # noqa: E402
 from harness.api.defense import create_defense  # noqa: E402
 from harness.api.evaluation import evaluate  # noqa: E402
+from harness.sources.datasets import load_test_set, select_indices  # noqa: E402
+from harness.stats.scoring import worst_case  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 
 
@@ -79,8 +79,9 @@ def battery(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: lis
 
 def eot(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> None:
     import torchattacks
-    from harness.attacks.pgd import PGD
+
     from harness.api.target import Target
+    from harness.attacks.pgd import PGD
     defense = _noisy(args)
     alpha = args.eps / 4
     pgd = PGD(eps=args.eps, steps=args.steps, step_size=alpha, random_start=False)
@@ -103,8 +104,9 @@ def eot(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[in
 
 def dead(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> None:
     from torch import nn
-    from harness.defenses.bit_depth import BitDepthReduction
+
     from harness.api.defense import Defense
+    from harness.defenses.bit_depth import BitDepthReduction
 
     base = create_defense(args.defense)
     blur = nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
@@ -131,8 +133,8 @@ def dead(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, idx: list[i
 
 
 def _noisy(args: argparse.Namespace):
-    from harness.defenses.gaussian_noise import GaussianNoise
     from harness.api.defense import Defense
+    from harness.defenses.gaussian_noise import GaussianNoise
     base = create_defense(args.defense)
     return Defense(base.classifier, GaussianNoise(args.noise), num_classes=10, stochastic=True,
                    name=f"{args.defense}+noise").eval()

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.api.defense import Defense  # noqa: E402
+from harness.api.target import Target  # noqa: E402
 from harness.attacks.pgd import PGD  # noqa: E402
 from harness.sources.datasets import load_test_set  # noqa: E402
-from harness.api.defense import Defense  # noqa: E402
 from harness.sources.models import autoattack_resnet18  # noqa: E402
-from harness.api.target import Target  # noqa: E402
 
 
 def hand_pgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, alpha: float, steps: int) -> torch.Tensor:

@@ -50,15 +50,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from harness.run import placement
-    from harness.run import runner
     from harness.api.config import RunConfig
-    from harness.store.machine import load_average
+    from harness.run import _placement as placement
+    from harness.run import runner
     from harness.run.verdict import Verifier
+    from harness.store._machine import load_average
 
     torch.set_num_threads(args.threads)
     totals: dict[str, float] = {}
-    _timed(placement, "preflight", totals)  # the reference harness.run.placement calls
+    _timed(placement, "preflight", totals)  # the reference harness.run._placement calls
     _timed(Verifier, "evaluate", totals)
     before = os.getloadavg()
     with tempfile.TemporaryDirectory() as out:

@@ -32,14 +32,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.api.defense import Defense  # noqa: E402
+from harness.api.target import Target  # noqa: E402
 from harness.attacks.apgd import APGD  # noqa: E402
 from harness.defenses.a3 import A3Config  # noqa: E402
 from harness.defenses.adv_train import training_step  # noqa: E402
 from harness.defenses.small_cnn import build_small_cnn, complexity  # noqa: E402
 from harness.sources.datasets import load_test_set  # noqa: E402
-from harness.api.defense import Defense  # noqa: E402
-from harness.api.target import Target  # noqa: E402
-from harness.store.machine import load_average  # noqa: E402
+from harness.store._machine import load_average  # noqa: E402
 from harness.training.recipe import step_generator  # noqa: E402
 
 

@@ -24,21 +24,28 @@ configuration, command, seed, epochs, final losses, wall time and load average.
 from __future__ import annotations
 
 import argparse
-import json
 from functools import partial
-from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harness import atomic
+from harness.api.schema import number_or_fraction
 from harness.errors import UsageError
-from harness.cli.argtypes import number_or_fraction
-from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
-                              register_recipe, step_generator)
+from harness.training.adversarial import perturb
+from harness.training.recipe import (
+    EpochBatches,
+    Recipe,
+    Trainer,
+    add_data_arguments,
+    add_loop_arguments,
+    recipe_paths,
+    register_recipe,
+    step_generator,
+    training_data,
+)
+from harness.training.schedules import set_lr, triangular_lr
+from harness.training.weights import save_weights
 
 from .a3 import A3Config, a3_losses, logistic_noise
 from .small_cnn import DEFAULT_WEIGHTS, SmallCNN, build_small_cnn, complexity
@@ -65,30 +72,6 @@ def augmented_batch(images: Tensor, labels: Tensor, batches: EpochBatches, seed:
     every recipe with the same seed, so recipes compared with each other see the same data."""
     idx = batches.indices(step)
     return augment(images[idx], step_generator(seed, STREAM_AUGMENT, step)).to(device), labels[idx].to(device)
-
-
-def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
-    for group in opt.param_groups:
-        group["lr"] = lr
-
-
-def perturb(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, alpha: float, steps: int,
-            gen: torch.Generator) -> Tensor:
-    """ℓ∞ attack with a uniform random start: ``steps`` signed-gradient steps of size ``alpha`` on the
-    cross-entropy, each projected onto the ``eps``-ball and [0, 1] (steps=1: FGSM-RS)."""
-    delta = ((torch.rand(x.shape, generator=gen) * 2 - 1) * eps).to(x.device)
-    delta = (x + delta).clamp(0, 1) - x
-    for _ in range(steps):
-        delta.requires_grad_(True)
-        (grad,) = torch.autograd.grad(F.cross_entropy(forward(x + delta), y), delta)
-        delta = (delta.detach() + alpha * grad.sign()).clamp(-eps, eps)
-        delta = (x + delta).clamp(0, 1) - x
-    return (x + delta).detach()
-
-
-def triangular_lr(step: int, total: int, peak: float) -> float:
-    """0 -> ``peak`` over the first 2/5 of training -> 0 (evaluated after the step, as in the reference code)."""
-    return float(np.interp((step + 1) / total, [0.0, 0.4, 1.0], [0.0, peak, 0.0]))
 
 
 def _resolved_attack(args: argparse.Namespace) -> tuple[int, float]:
@@ -125,14 +108,6 @@ def training_step(model: SmallCNN, opt: torch.optim.Optimizer, x: Tensor, y: Ten
     return {**{k: float(v.detach()) for k, v in terms.items()}, "adv_acc": float((logits.argmax(1) == y).float().mean())}
 
 
-def save_weights(model: SmallCNN, out: Path, config: dict, record: dict, dtype: torch.dtype) -> None:
-    """The state dict at ``out`` (floating tensors as ``dtype``) and the config + record at ``<out>.json``."""
-    with atomic.atomic_path(out) as tmp:
-        torch.save({k: v.detach().to(dtype).cpu() if v.is_floating_point() else v.detach().cpu()
-                    for k, v in model.state_dict().items()}, tmp)
-    atomic.write_text(out.with_suffix(".json"), json.dumps({"config": config, **record}, indent=2) + "\n")
-
-
 def train(args: argparse.Namespace, *, recipe: str) -> dict:
     """Run (or resume) the ``at`` or ``a3`` recipe; returns the training record."""
     device, out, state_path = recipe_paths(args)
@@ -140,7 +115,7 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
     a3 = A3Config(tau=args.a3_tau, max_log_ratio=args.a3_max_log_ratio, rank_weight=args.rank_weight,
                   rank_margin=args.rank_margin, con_weight=args.con_weight,
                   con_temperature=args.con_temperature) if recipe == "a3" else None
-    images, labels = load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
+    images, labels = training_data(args)
     n = int(images.shape[0])
     batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
     total = batches.total_steps
@@ -175,11 +150,7 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
 def add_arguments(parser: argparse.ArgumentParser, *, recipe: str) -> None:
     parser.add_argument("--out", default=str(DEFAULT_WEIGHTS[recipe]), help=f"weights file [{DEFAULT_WEIGHTS[recipe]}]")
     parser.add_argument("--width", type=int, default=16, help="network width w (see defenses/small_cnn.py; 16 keeps a 10,000-image APGD-CE + APGD-T run near an hour on 2 cores) [16]")
-    parser.add_argument("--data-root", default=None,
-                        help="data root: cifar10_train.npz or torchvision files (default $HARNESS_DATA, else ~/.cache/harness/data)")
-    parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
-    parser.add_argument("--train-limit", type=int, default=None, metavar="N",
-                        help="train on the first N training images only (tests, smoke runs) [all 50,000]")
+    add_data_arguments(parser)
     parser.add_argument("--epochs", type=int, default=15, help="[15]")
     parser.add_argument("--batch-size", type=int, default=128, help="[128]")
     parser.add_argument("--lr", type=float, default=0.2, help="peak of the triangular learning rate [0.2]")

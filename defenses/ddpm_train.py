@@ -28,7 +28,6 @@ Writes the weights (a state dict, float32) and ``<out>.json``: the architecture 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness import atomic
 from harness.errors import SetupError, UsageError
-from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
-                              register_recipe, step_generator)
+from harness.training.recipe import (
+    EpochBatches,
+    Recipe,
+    Trainer,
+    add_data_arguments,
+    add_loop_arguments,
+    recipe_paths,
+    register_recipe,
+    step_generator,
+    training_data,
+)
+from harness.training.schedules import warmup_constant_lr
+from harness.training.weights import save_weights
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "ddpm_small.pt"
@@ -114,13 +123,6 @@ def ddpm_loss(unet: nn.Module, scheduler: Any, x0: Tensor, t: Tensor, noise: Ten
     return F.mse_loss(unet(xt, t, return_dict=False)[0], noise)
 
 
-def save_weights(model: nn.Module, out: Path, config: dict, record: dict) -> None:
-    """State dict (float32) at ``out``; configuration and training record in ``<out>.json``."""
-    with atomic.atomic_path(out) as tmp:
-        torch.save({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp)
-    atomic.write_text(out.with_suffix(".json"), json.dumps({"config": config, **record}, indent=2) + "\n")
-
-
 def _channels(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(c) for c in text.split(","))
@@ -136,7 +138,7 @@ def train(args: argparse.Namespace) -> dict:
         raise UsageError(f"need --lr > 0 and --warmup >= 0; got --lr {args.lr}, --warmup {args.warmup}")
     arch = unet_config(args.channels, args.layers_per_block, args.norm_groups, not args.no_mid_attention)
     device, out, state_path = recipe_paths(args)
-    images, _ = load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
+    images, _ = training_data(args)
     n = int(images.shape[0])
     batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
     total = batches.total_steps
@@ -161,7 +163,7 @@ def train(args: argparse.Namespace) -> dict:
         noise = torch.randn(x0.shape, generator=step_generator(args.seed, STREAM_NOISE, i))
         x0, t, noise = x0.to(device), t.to(device), noise.to(device)
         for group in opt.param_groups:
-            group["lr"] = args.lr * min(1.0, (i + 1) / args.warmup) if args.warmup else args.lr
+            group["lr"] = warmup_constant_lr(i, args.lr, args.warmup)
         loss = ddpm_loss(model, scheduler, x0, t, noise)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -182,9 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-mid-attention", action="store_true", help="no self-attention in the middle block")
     parser.add_argument("--t-max", type=int, default=100,
                         help="largest training timestep (0-based, of 1000); purify with t_star <= this [100]")
-    parser.add_argument("--data-root", default=None, help="data root [$HARNESS_DATA, else ~/.cache/harness/data]")
-    parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
-    parser.add_argument("--train-limit", type=int, default=None, metavar="N", help="first N training images only [all]")
+    add_data_arguments(parser)
     parser.add_argument("--epochs", type=int, default=4, help="[4]")
     parser.add_argument("--batch-size", type=int, default=128, help="[128]")
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate [5e-4]")

@@ -41,8 +41,8 @@ import torch
 from torch import Tensor, nn
 
 from harness.api.defense import Defense, register_defense
-from harness.errors import MissingInputError, UsageError
 from harness.api.grad import METHODS, unroll
+from harness.errors import MissingInputError, UsageError
 
 from .ddpm_train import DEFAULT_WEIGHTS, SCHEDULE, build_unet, noise_scheduler, unet_config
 

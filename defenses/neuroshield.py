@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.sources.datasets import load_split, select_indices
 from harness.api.defense import DataUse, Defense, register_defense
 from harness.errors import UsageError
+from harness.sources.datasets import load_split, select_indices
+from harness.training.adversarial import perturb
 from harness.training.recipe import step_generator
 
-from .adv_train import perturb
 from .vit_small import CifarViT, load_vit, vit_weights
 
 log = logging.getLogger(__name__)

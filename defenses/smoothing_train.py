@@ -28,10 +28,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from harness.errors import UsageError
-from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
-                              register_recipe, step_generator)
+from harness.training.recipe import (
+    EpochBatches,
+    Recipe,
+    Trainer,
+    add_data_arguments,
+    add_loop_arguments,
+    recipe_paths,
+    register_recipe,
+    step_generator,
+    training_data,
+)
+from harness.training.schedules import set_lr, triangular_lr
+from harness.training.weights import save_weights
 
-from .adv_train import augmented_batch, save_weights, set_lr, triangular_lr
+from .adv_train import augmented_batch
 from .small_cnn import WEIGHTS_DIR, SmallCNN, build_small_cnn, complexity
 
 STREAM_NOISE = 4  # after adv_train's streams (order, augment, start, mask)
@@ -86,7 +97,7 @@ def train(args: argparse.Namespace) -> dict:
     if args.out is None:
         args.out = str(smoothing_weights(args.objective, args.sigma))
     device, out, state_path = recipe_paths(args)
-    images, labels = load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
+    images, labels = training_data(args)
     n = int(images.shape[0])
     batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
     total = batches.total_steps
@@ -124,9 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="weights file [defenses/weights/smoothing_<objective>_s<100σ>.pt, e.g. smoothing_gaussian_s025.pt]")
     parser.add_argument("--width", type=int, default=16, help="network width w (defenses/small_cnn.py) [16]")
-    parser.add_argument("--data-root", default=None, help="data root [$HARNESS_DATA, else ~/.cache/harness/data]")
-    parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
-    parser.add_argument("--train-limit", type=int, default=None, metavar="N", help="first N training images only [all]")
+    add_data_arguments(parser)
     parser.add_argument("--epochs", type=int, default=15, help="[15]")
     parser.add_argument("--batch-size", type=int, default=128, help="[128]")
     parser.add_argument("--lr", type=float, default=0.2, help="peak of the triangular learning rate [0.2]")

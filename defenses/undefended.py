@@ -5,9 +5,10 @@ import inspect
 from typing import Any
 
 from harness.api.defense import Defense, register_defense
-from harness.errors import UsageError
 from harness.api.schema import option_problems
-from harness.sources.models import PYAUTOATTACK_RESNET18, Classifier, classifier as load
+from harness.errors import UsageError
+from harness.sources.models import PYAUTOATTACK_RESNET18, Classifier
+from harness.sources.models import classifier as load
 
 
 def classifier_from_options(**options: Any) -> Classifier:

@@ -18,24 +18,26 @@ losses, wall time and load average.
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 import torch.nn.functional as F
 
 from harness.errors import UsageError
-from harness.training.recipe import (EpochBatches, Recipe, Trainer, add_loop_arguments, load_cifar10_train, recipe_paths,
-                              register_recipe)
+from harness.training.recipe import (
+    EpochBatches,
+    Recipe,
+    Trainer,
+    add_data_arguments,
+    add_loop_arguments,
+    recipe_paths,
+    register_recipe,
+    training_data,
+)
+from harness.training.schedules import set_lr, warmup_cosine_lr
+from harness.training.weights import save_weights
 
-from .adv_train import augmented_batch, save_weights, set_lr
+from .adv_train import augmented_batch
 from .vit_small import DEFAULT_WEIGHTS, CifarViT, ViTConfig, build_vit, parameter_count
-
-
-def warmup_cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up from peak/warmup to ``peak`` over ``warmup`` steps, then a cosine from ``peak`` to 0."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return 0.5 * peak * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
 def optimizer(model: CifarViT, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -59,7 +61,7 @@ def train(args: argparse.Namespace) -> dict:
                          f"{args.lr}, {args.weight_decay}, {args.label_smoothing}, {args.grad_clip}")
     arch = architecture(args)
     device, out, state_path = recipe_paths(args)
-    images, labels = load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
+    images, labels = training_data(args)
     n = int(images.shape[0])
     batches = EpochBatches(n, args.batch_size, args.seed, args.epochs)
     total = batches.total_steps
@@ -105,9 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mlp-hidden", type=int, default=None, help="MLP hidden width (the neurons NeuroShield "
                         "scales) [4 x --embed-dim]")
     parser.add_argument("--patch-size", type=int, default=d.patch_size, help=f"patch side in pixels [{d.patch_size}]")
-    parser.add_argument("--data-root", default=None, help="data root [$HARNESS_DATA, else ~/.cache/harness/data]")
-    parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
-    parser.add_argument("--train-limit", type=int, default=None, metavar="N", help="first N training images only [all]")
+    add_data_arguments(parser)
     parser.add_argument("--epochs", type=int, default=15, help="[15]")
     parser.add_argument("--batch-size", type=int, default=128, help="[128]")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate [1e-3]")

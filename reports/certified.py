@@ -17,11 +17,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.certify.certification import BUDGET_FIELDS, CertifyConfig, load_certify_config
+from harness.stats.intervals import headline_interval
+from harness.stats.paired import compare_outcomes
 from harness.store import rundir as store
 from harness.store.status import Completeness, require_complete
-from harness.certify.certification import BUDGET_FIELDS, CertifyConfig, load_certify_config
-from harness.stats.paired import compare_outcomes
-from harness.stats.intervals import headline_interval
 
 from .compare import BudgetMismatchError, same_run, same_run_line
 from .table import interval_text

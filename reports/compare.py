@@ -4,7 +4,7 @@ interval, the exact McNemar p-value, subset rank-flip probability and the planne
 Two runs are ranked only when everything that changes attack strength or scoring matches
 (:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the attacks'
 autocast precision, the battery (its attacks in order and each entry's options, escalations included)
-and, per attack, the record columns :data:`harness.api.attack.BUDGET_COLUMNS` (ε, norm, iterations,
+and, per attack, the record columns :data:`harness.api.records.BUDGET_COLUMNS` (ε, norm, iterations,
 restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples). The gradient mode is
 skipped when either run's defense has no purifier (its provenance's ``defense.purifier`` is None): full,
 bpda and surrogate gradients are then one function. An attack column is compared only between runs of the
@@ -20,13 +20,13 @@ from typing import Any
 
 import pandas as pd
 
-from harness.store import rundir as store
-from harness.api.attack import BUDGET_COLUMNS
+from harness.api.records import BUDGET_COLUMNS
+from harness.battery.resolve import RESOLVER_OPTIONS
 from harness.stats.paired import compare_outcomes
 from harness.stats.planning import discordance_rate, n_for_difference_paired
-from harness.battery.resolve import RESOLVER_OPTIONS
-from harness.stats.subsets import rank_flip_probability
 from harness.stats.scoring import stages
+from harness.stats.subsets import rank_flip_probability
+from harness.store import rundir as store
 
 from .load import RunData, load_run
 from .outcomes import CRITERION_TEXT, WORST, check_criterion, outcome_table

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.api.attack import BUDGET_COLUMNS
 from harness.api.flags import FlagCode
+from harness.api.records import BUDGET_COLUMNS
 from harness.stats.scoring import CRITERIA, DESCRIPTION, Criterion, eval_draws, parse_criterion, stages, worst_case
 
 CRITERION_TEXT = {c.value: text for c, text in DESCRIPTION.items()}

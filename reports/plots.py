@@ -13,8 +13,8 @@ from matplotlib.figure import Figure
 
 from harness.stats.subsets import SubsetDistribution
 
-from .table import Table
 from .outcomes import WORST
+from .table import Table
 
 
 def _png(fig: Figure) -> bytes:

@@ -16,8 +16,16 @@ from harness.stats.intervals import RESOLVABLE_TAIL, Interval, headline_interval
 from harness.stats.stopping import sequence_interval
 
 from .load import RunData, load_run
-from .outcomes import (CRITERION_TEXT, UPPER_BOUND_FLAG, WORST, budgets, check_criterion, eval_draws, outcome_table,
-                       stage_flags)
+from .outcomes import (
+    CRITERION_TEXT,
+    UPPER_BOUND_FLAG,
+    WORST,
+    budgets,
+    check_criterion,
+    eval_draws,
+    outcome_table,
+    stage_flags,
+)
 
 # Short names of the interval methods, written before the brackets of every cell: BCa[low, high].
 METHOD_TAGS = {"bootstrap-bca": "BCa", "bootstrap-percentile": "pct", "clopper-pearson": "CP",

@@ -93,6 +93,14 @@ def cifar_root() -> Path:
     return root
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads the real CIFAR-10 (the ``cifar_root`` fixture) is ``slow`` by that alone, so
+    ``pytest -m "not slow"`` is the quick loop without marking each such test by hand."""
+    for item in items:
+        if "cifar_root" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Tests share a small machine: one intra-op thread."""

@@ -7,10 +7,10 @@ import torch
 
 import harness.run.runner as runner
 from conftest import TinyCNN
-from harness.run.acceleration import _Compiled, accelerate, as_input
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.passes import PassCount, counting
+from harness.run._acceleration import _Compiled, accelerate, as_input
 from harness.store.rundir import load_records
 
 

@@ -9,16 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TinyCNN
+from harness.api.defense import Defense, create_defense
+from harness.api.losses import cross_entropy
+from harness.api.target import Target
 from harness.attacks.joint_rec import JointRec
 from harness.defenses.amrm_pure import DEFAULT_MAE, load_mae
 from harness.defenses.amrm_pure.mae import build_mae
 from harness.defenses.amrm_pure.purifier import AMRMPurifier
-from harness.api.defense import Defense, create_defense
 from harness.diagnostics.gradcheck import identity_like, jacobian_alignment
-from harness.api.losses import cross_entropy
-from harness.api.target import Target
-
-from conftest import TinyCNN
 
 
 def tiny_mae(dtype: torch.dtype = torch.float32):

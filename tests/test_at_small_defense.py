@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import harness.defenses.small_cnn as small_cnn
+from harness.api.defense import create_defense
+from harness.cli import main
 from harness.defenses.adv_train import save_weights
 from harness.defenses.small_cnn import build_small_cnn
-from harness.cli import main
-from harness.api.defense import create_defense
 from harness.store.rundir import load_records
 
 

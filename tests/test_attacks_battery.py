@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from harness.attacks import create_attack, list_attacks
 from harness.api.attack import perturbation_norms
 from harness.api.target import Target
+from harness.attacks import create_attack, list_attacks
 from helpers_attacks import attack_batch, make
 
 torch.set_num_threads(1)
@@ -119,8 +119,8 @@ def test_gradient_mode_is_honoured(batch):
     assert full.success.float().mean() <= 1 - clean + 0.15
     assert bpda.success.float().mean() >= 0.9
     # bpda-eot declares BPDA fixed: the resolver hands it a BPDA target even when the run says full
-    from harness.battery.spec import AttackSpec
     from harness.battery.resolve import resolve
+    from harness.battery.spec import AttackSpec
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 10})
     attack = spec.build(0.1, "Linf")
     r = resolve(spec, attack, stochastic=False, run_grad="full")
@@ -202,8 +202,8 @@ def test_target_module_charges_each_backward_pass():
 
 
 def test_nonfinite_logits_count_as_success():
-    from harness.attacks._thirdparty import finalize
     from harness.api.defense import Defense
+    from harness.attacks._thirdparty import finalize
 
     class NaNNet(torch.nn.Module):
         def forward(self, x):

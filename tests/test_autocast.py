@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from harness.attacks import list_attacks
 from harness.api.attack import Attack, AttackResult
 from harness.api.defense import Defense
-from harness.battery.spec import AttackSpec
-from harness.battery.resolve import resolve
-from harness.run.stage import run_stage
 from harness.api.target import Target
-from helpers_attacks import attack_batch, tiny_cnn
+from harness.attacks import list_attacks
 from harness.attacks.torchattacks_adapter import AUTOCAST_CLASSES
+from harness.battery.resolve import resolve
+from harness.battery.spec import AttackSpec
+from harness.run.stage import run_stage
+from helpers_attacks import attack_batch, tiny_cnn
 
 # tiny budgets per built-in attack (every registered name except the torchattacks aliases, covered below)
 OPTIONS = {

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import TinyCNN
-from harness.certify.certification import CertifyConfig, latency, run_certify
-from harness.cli import main
+from harness.api._seeding import derive_seed
 from harness.api.defense import Defense
-from harness.api.seeding import derive_seed
+from harness.certify.certification import CertifyConfig, latency, run_certify
 from harness.certify.smoothing import certify
-from harness.store.status import completeness
+from harness.cli import main
 from harness.store.rundir import RunFormatError, load_config, load_records
+from harness.store.status import completeness
 
 
 def _defense() -> Defense:
@@ -138,7 +138,7 @@ def test_latency_protocol(tiny_data_root, monkeypatch):
 
 
 def test_processor_name_is_the_cpu_model(tmp_path):
-    from harness.store.machine import processor_name
+    from harness.store._machine import processor_name
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu\n")
     assert processor_name(info) == "AMD EPYC 7B13"

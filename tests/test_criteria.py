@@ -24,17 +24,17 @@ from torch import Tensor, nn
 import harness.run.runner as runner
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.config import RunConfig
-from harness.stats.scoring import CRITERIA, attackable_rows, stage_score, still_attackable, worst_case
-from harness.sources.datasets import load_test_set
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation
 from harness.battery.spec import AttackSpec
-from harness.stats.stochastic import compare_criteria
-from harness.store.rundir import load_records
 from harness.reports import render
 from harness.reports.outcomes import WORST, outcome_table
 from harness.reports.stochastic_section import stochastic_cells, stochastic_rows
 from harness.reports.table import Settings, build_table, cell_text
+from harness.sources.datasets import load_test_set
+from harness.stats.scoring import CRITERIA, attackable_rows, stage_score, still_attackable, worst_case
+from harness.stats.stochastic import compare_criteria
+from harness.store.rundir import load_records
 
 R = 10
 RESAMPLES = 2_000

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.sources.datasets import load_test_set
 from harness.errors import DataError
+from harness.sources.datasets import load_test_set
 
 
 def _write(root: Path, x: np.ndarray, y: np.ndarray | None = None, name: str = "cifar10") -> Path:

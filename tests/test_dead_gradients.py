@@ -16,14 +16,14 @@ from torch import Tensor, nn
 import harness.run.runner as runner
 import harness.run.shards as run_shards
 from conftest import TinyCNN
-from harness.defenses.bit_depth import BitDepthReduction
-from harness.diagnostics import after_stage as diagnostics
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.spec import AttackSpec
+from harness.defenses.bit_depth import BitDepthReduction
+from harness.diagnostics import after_stage as diagnostics
+from harness.reports.outcomes import outcome_table, stage_flags
 from harness.run.stage import run_stage
 from harness.store.rundir import ResumeMismatchError, load_records
-from harness.reports.outcomes import outcome_table, stage_flags
 from helpers_attacks import NUM_CLASSES, Quantize, attack_batch, tiny_cnn
 
 BATTERY = "pgd,apgd-ce,square,apgd-dlr"  # after pgd: gradient stages in the same (full) mode, and a gradient-free one

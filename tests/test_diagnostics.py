@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from harness.diagnostics import after_stage as diagnostics
-from harness.battery.spec import AttackSpec
-from harness.run.stage import run_stage
 from harness.api.defense import Defense
+from harness.battery.spec import AttackSpec
+from harness.diagnostics import after_stage as diagnostics
+from harness.run.stage import run_stage
 from helpers_attacks import NUM_CLASSES, attack_batch, make, tiny_cnn
 
 torch.set_num_threads(1)
@@ -93,8 +93,8 @@ def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
     assert (cols["grad_mode"], cols["grad_source"]) == ("surrogate", "attack-option")
     assert outcome.robust_after.float().mean() < 0.5  # the surrogate gradient works where the exact one is zero
     # on a stochastic defense the escalation carries EOT (at least 20 draws); none once the surrogate was used
-    from harness.diagnostics import escalation
     from harness.api.flags import FlagCode
+    from harness.diagnostics import escalation
     specs = escalation.rules(FlagCode.ZERO_GRAD, spec=PGD, attack=PGD.build(0.1, "Linf"), has_purifier=True,
                              grad_mode="full", stochastic=True, has_aux=False, has_surrogate=True, eot=1)
     assert specs[-1]["name"] == "esc-pgd-surrogate" and specs[-1]["options"]["eot"] == 20

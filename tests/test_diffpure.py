@@ -16,10 +16,10 @@ pytest.importorskip("diffusers")
 
 import harness.defenses.ddpm_train as ddpm_train  # noqa: E402
 from conftest import TinyCNN  # noqa: E402
+from harness.api.defense import create_defense  # noqa: E402
+from harness.cli import main  # noqa: E402
 from harness.defenses.ddpm_train import build_unet, unet_config  # noqa: E402
 from harness.defenses.diffpure import DiffPurePurifier, diffpure_defense, reverse_timesteps  # noqa: E402
-from harness.cli import main  # noqa: E402
-from harness.api.defense import create_defense  # noqa: E402
 from harness.errors import MissingInputError, UsageError  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 

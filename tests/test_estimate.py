@@ -6,10 +6,10 @@ import logging
 import pytest
 
 from conftest import TinyCNN
-from harness.run import runner
-from harness.cli import main
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.cli import main
+from harness.run import runner
 from harness.run.estimate import duration
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.diagnostics import escalation
 from harness.api.flags import FlagCode, check_codes, parse_code
 from harness.battery.spec import AttackSpec
+from harness.diagnostics import escalation
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ from torch import nn
 
 from harness.api.defense import Defense
 from harness.api.grad import input_grad, unroll
-from harness.diagnostics.gradcheck import gradient_health, identity_like, jacobian_alignment
 from harness.api.losses import cross_entropy
 from harness.api.target import Target
+from harness.diagnostics.gradcheck import gradient_health, identity_like, jacobian_alignment
 
 
 class ConvEnergy(nn.Module):

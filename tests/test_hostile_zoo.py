@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import harness.run.runner as runner
-from harness.diagnostics import after_stage as diagnostics
 from harness.api.config import RunConfig
 from harness.battery.spec import AttackSpec
+from harness.diagnostics import after_stage as diagnostics
 from harness.run.stage import run_stage
 from hostile_zoo import EPS, NONFINITE, ZOO_OPTIONS, builtin_attacks, grid_batch, make_hostile, off_grid
 
@@ -52,8 +52,8 @@ def test_nonfinite_flag_and_witness_column():
 
 def test_unbounded_pgd_from_the_clean_image_keeps_nonfinite_points():
     """The large-eps diagnostic's PGD (no random start) must find and keep points with non-finite outputs."""
-    from harness.attacks.pgd import PGD
     from harness.api.target import Target
+    from harness.attacks.pgd import PGD
 
     x, y = grid_batch(6)
     for kind in NONFINITE:

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import harness.defenses  # noqa: F401  (registers the built-in defenses)
-from harness.defenses.jpeg import JpegCompression
-from harness.sources.datasets import load_test_set
 from harness.api.defense import create_defense
-from harness.errors import UsageError
-from harness.diagnostics.preflight import preflight
 from harness.api.registry import RegistryError
+from harness.defenses.jpeg import JpegCompression
+from harness.diagnostics.preflight import preflight
+from harness.errors import UsageError
+from harness.sources.datasets import load_test_set
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,6 @@ def test_classifier_training_dataset_is_recorded(tmp_path):
 
 def test_dataset_mismatch_warns_in_the_run(tmp_path, capsys):
     from conftest import write_model_labelled_npz
-
     from harness.cli import main
 
     write_model_labelled_npz(tmp_path / "data", n=4, name="svhn")

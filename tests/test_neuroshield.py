@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import synthetic_images, write_model_labelled_npz
+from harness.api.defense import DataUse, Defense, create_defense
+from harness.cli import main
 from harness.defenses import neuroshield as ns
 from harness.defenses.vit_small import ViTConfig, build_vit, load_vit
-from harness.cli import main
-from harness.api.defense import DataUse, Defense, create_defense
 from harness.errors import UsageError
 from harness.store.rundir import load_records
 

@@ -9,9 +9,9 @@ from torch import Tensor, nn
 
 from harness.api.defense import Defense
 from harness.api.passes import COUNTS, PassCount, counting
+from harness.api.target import Target
 from harness.battery.spec import AttackSpec
 from harness.run.stage import clean_stage, run_stage
-from harness.api.target import Target
 from helpers_attacks import NUM_CLASSES, attack_batch, tiny_cnn
 from hostile_zoo import ZOO_OPTIONS, builtin_attacks
 

@@ -10,11 +10,11 @@ import torch
 
 import harness.run.runner as runner
 from conftest import TinyCNN
-from harness.defenses.gaussian_noise import GaussianNoise
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.presets import AttackSpec, resolve_battery
 from harness.battery.resolve import resolve
+from harness.defenses.gaussian_noise import GaussianNoise
 from harness.run.stage import run_stage
 from harness.store.rundir import load_config, load_records
 from helpers_attacks import attack_batch, make

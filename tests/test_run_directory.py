@@ -16,41 +16,34 @@ import torch
 
 import harness.run.runner as runner
 import harness.run.shards as run_shards
-from harness.run.shards import RunShards
-from conftest import interrupt_at_shard, TinyCNN, write_model_labelled_npz
+from conftest import TinyCNN, interrupt_at_shard, write_model_labelled_npz
 from harness import atomic
-from harness.cli import main
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.cli import main
+from harness.run.shards import RunShards
+from harness.store.rundir import FORMAT_VERSION, TIMING_COLUMNS, ResumeMismatchError, RunFormatError, load_records
 from harness.store.status import IncompleteRunError, completeness
-from harness.store.rundir import FORMAT_VERSION, ResumeMismatchError, RunFormatError, TIMING_COLUMNS, load_records
 
-# a self-contained user defense file (no test imports, so subprocesses can load it too); the optional
-# delay makes shards slow enough that concurrent processes overlap
+# a self-contained user defense file (no test imports, so subprocesses can load it too)
 USER_DEFENSE = textwrap.dedent('''
     """A user's defense: a seeded 2-conv CNN behind a bit-depth squeezer."""
-    import time
     import torch
     from torch import nn
     from harness.api.defense import Defense
 
     class Squeeze(nn.Module):
-        def __init__(self, delay):
-            super().__init__()
-            self.delay = delay
-
         def forward(self, x):
-            time.sleep(self.delay)
             return torch.round(x * 31) / 31
 
-    def make(seed: int = 0, delay: float = 0.0) -> Defense:
+    def make(seed: int = 0) -> Defense:
         g = torch.Generator().manual_seed(seed)
         net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                             nn.Linear(8, 10))
         with torch.no_grad():
             for p in net.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        return Defense(net.eval(), Squeeze(delay), num_classes=10, name="user")
+        return Defense(net.eval(), Squeeze(), num_classes=10, name="user")
 ''')
 
 
@@ -244,6 +237,7 @@ def _labelled_by(user_file: Path, root: Path, n: int = 48) -> Path:
     """A data root whose labels are the user defense's own predictions (clean accuracy 100%: every shard
     has work in every stage)."""
     import torch
+
     from conftest import synthetic_images
     from harness.api.registry import load_object
     x = synthetic_images(n)
@@ -254,9 +248,11 @@ def _labelled_by(user_file: Path, root: Path, n: int = 48) -> Path:
     return root
 
 
-def _run_in_child(argv: list[str], log_path: str) -> None:
-    """``harness run`` in a forked process (torch already imported, so no interpreter start-up); its
-    log lines go to ``log_path``."""
+def _run_in_child(argv: list[str], log_path: str, barrier=None) -> None:
+    """``harness run`` in a forked process (torch already imported, so no interpreter start-up), started when every
+    process has reached ``barrier`` (so they overlap); its log lines go to ``log_path``."""
+    if barrier is not None:
+        barrier.wait(timeout=60)
     with open(log_path, "w") as fh:
         sys.stderr = sys.stdout = fh  # not a terminal: progress lines instead of bars
         try:
@@ -272,16 +268,17 @@ def _run_in_child(argv: list[str], log_path: str) -> None:
 def test_concurrent_identical_commands_share_shards(user_file, tmp_path):
     import multiprocessing
     out, tiny_data_root = tmp_path / "runs", _labelled_by(user_file, tmp_path / "data")
-    argv = ["run", "--defense", f"{user_file}:make", "--defense-opt", "delay=0.002", "--data-root", str(tiny_data_root),
+    argv = ["run", "--defense", f"{user_file}:make", "--data-root", str(tiny_data_root),
             "--out", str(out), "--run-id", "shared", "--n", "24", "--seed", "3", "--attacks", "quick", "--attack-opt",
             "steps=2", "--eps", "0.1", "--shard-size", "4", "--batch-size", "4", "--eot", "1", "--eval-repeats", "1",
             "--device", "cpu", "--no-escalate"]
     # the single-process reference first (it also imports everything the forked processes use)
     reference = runner.run(_cfg(tiny_data_root, tmp_path / "single", defense=f"{user_file}:make",
-                                defense_opts={"delay": 0.002}, n=24, shard_size=4, batch_size=4, run_id="shared"))
+                                n=24, shard_size=4, batch_size=4, run_id="shared"))
     logs = [tmp_path / f"process-{i}.log" for i in range(3)]
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_run_in_child, args=(argv, str(log))) for log in logs]
+    start = ctx.Barrier(3)
+    procs = [ctx.Process(target=_run_in_child, args=(argv, str(log), start)) for log in logs]
     for p in procs:  # three identical commands at once
         p.start()
     for p in procs:
@@ -299,12 +296,12 @@ def test_concurrent_identical_commands_share_shards(user_file, tmp_path):
 def test_shard_slices_started_together_give_the_records_of_one_process(user_file, tmp_path, capsys):
     import multiprocessing
     out, tiny_data_root = tmp_path / "runs", _labelled_by(user_file, tmp_path / "data")
-    argv = ["run", "--defense", f"{user_file}:make", "--defense-opt", "delay=0.002", "--data-root", str(tiny_data_root),
+    argv = ["run", "--defense", f"{user_file}:make", "--data-root", str(tiny_data_root),
             "--out", str(out), "--run-id", "sliced", "--n", "28", "--seed", "3", "--attacks", "quick", "--attack-opt",
             "steps=2", "--eps", "0.1", "--shard-size", "4", "--batch-size", "4", "--eot", "1", "--eval-repeats", "1",
             "--device", "cpu", "--no-escalate"]
     reference = runner.run(_cfg(tiny_data_root, tmp_path / "single", defense=f"{user_file}:make",
-                                defense_opts={"delay": 0.002}, n=28, shard_size=4, batch_size=4, run_id="sliced"))
+                                n=28, shard_size=4, batch_size=4, run_id="sliced"))
     # slice 1 of 3 alone: its shards only (1 and 4), the run incomplete and not reportable without --partial
     assert main([*argv, "--shard-slice", "1/3", "--quiet"]) == 0
     assert "slice 1/3 finished" in capsys.readouterr().err
@@ -314,7 +311,8 @@ def test_shard_slices_started_together_give_the_records_of_one_process(user_file
     # the three slices started together (slice 1 again: its shards are done, it skips them)
     logs = [tmp_path / f"slice-{i}.log" for i in range(3)]
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_run_in_child, args=([*argv, "--shard-slice", f"{i}/3"], str(log)))
+    start = ctx.Barrier(3)
+    procs = [ctx.Process(target=_run_in_child, args=([*argv, "--shard-slice", f"{i}/3"], str(log), start))
              for i, log in enumerate(logs)]
     for p in procs:
         p.start()

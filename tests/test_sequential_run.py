@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 
 from conftest import TinyCNN, write_model_labelled_npz
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.cli import main
 from harness.run import runner
 from harness.run.shards import RunShards
 from harness.stats import stopping
-from harness.cli import main
-from harness.api.config import RunConfig
-from harness.api.defense import Defense
-from harness.store.status import completeness
 from harness.store.rundir import TIMING_COLUMNS, load_records
+from harness.store.status import completeness
 
 N = 400
 
@@ -108,6 +108,7 @@ def test_bad_until_is_one_line(args, message, root, tmp_path, capsys):
 
 def test_runs_without_until_keep_their_run_ids_and_sorted_order(root, tmp_path):
     import hashlib
+
     from harness.api.config import LATER_FIELDS
     cfg = _cfg(root, tmp_path, run_id=None)
     before = {k: v for k, v in cfg.result_dict().items() if k not in LATER_FIELDS}  # the fields of older versions

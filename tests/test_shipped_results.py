@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.store.status import completeness
-from harness.store.rundir import load_records
 from harness.reports.outcomes import outcome_table
+from harness.store.rundir import load_records
+from harness.store.status import completeness
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "results" / "cifar10-linf"
@@ -52,6 +52,7 @@ def test_subset_runs_are_complete(run_dir, n):
     assert state.complete and state.done == n
 
 
+@pytest.mark.slow  # reads the 10,000-image records: half a minute
 def test_report_and_compare_read_the_shipped_records(capsys, tmp_path):
     assert main(["report", *(str(SHIPPED / n) for n in FULL)]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| at-small", "| a3-small"))]
@@ -76,6 +77,7 @@ def _quoted_blocks() -> list[tuple[str, str, str]]:
     return out
 
 
+@pytest.mark.slow  # recomputes every documented number from the records
 def test_the_documented_numbers_are_the_records(capsys, monkeypatch):
     """Every block of shipped output the docs quote is what its command prints now."""
     blocks = _quoted_blocks()

@@ -7,9 +7,17 @@ import pytest
 import torch
 from scipy import stats
 
+from harness.certify.smoothing import (
+    ABSTAIN,
+    certify,
+    lower_confidence_bound,
+    max_certifiable_radius,
+    min_samples_for_radius,
+    min_votes_for_radius,
+    predict,
+    sample_counts,
+)
 from harness.cli import main
-from harness.certify.smoothing import (ABSTAIN, certify, lower_confidence_bound, max_certifiable_radius,
-                               min_samples_for_radius, min_votes_for_radius, predict, sample_counts)
 
 SHAPE = (1, 2, 2)
 

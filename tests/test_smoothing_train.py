@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import harness.defenses.smoothing_train as smoothing_train
-from harness.cli import main
 from harness.api.defense import create_defense
+from harness.cli import main
 
 
 def _train(root: Path, out: Path, *extra: str) -> int:

@@ -4,12 +4,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.attacks.pgd import PGD
 from conftest import TinyCNN, synthetic_images
-from harness.defenses.bit_depth import BitDepthReduction
 from harness.api.defense import Defense
 from harness.api.losses import cross_entropy
 from harness.api.target import Target
+from harness.attacks.pgd import PGD
+from harness.defenses.bit_depth import BitDepthReduction
 
 
 def _batch(n: int = 32) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:

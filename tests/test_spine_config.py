@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.battery.presets import AttackSpec, list_presets, resolve_battery
-from harness.api.seeding import derive_seed
+from harness.api._seeding import derive_seed
 from harness.api.config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
+from harness.battery.presets import AttackSpec, list_presets, resolve_battery
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):

@@ -11,10 +11,10 @@ from torch import nn
 
 import harness.run.runner as runner
 import harness.run.shards as run_shards
-from conftest import interrupt_at_shard, TinyCNN
-from harness.defenses.gaussian_noise import GaussianNoise
+from conftest import TinyCNN, interrupt_at_shard
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.defenses.gaussian_noise import GaussianNoise
 from harness.store.rundir import TIMING_COLUMNS, load_records, make_run_id
 
 
@@ -138,8 +138,8 @@ def test_save_adversarials_within_budget(tiny_data_root, tmp_path):
 
 
 def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path, monkeypatch):
-    from harness.defenses.bit_depth import BitDepthReduction
     from harness.api.config import read_config
+    from harness.defenses.bit_depth import BitDepthReduction
 
     def quantized() -> Defense:
         return Defense(TinyCNN().eval(), BitDepthReduction(3), num_classes=10, name="tiny-bits")

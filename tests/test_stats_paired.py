@@ -6,7 +6,13 @@ import pandas as pd
 import pytest
 
 from harness.stats.intervals import bootstrap
-from harness.stats.paired import compare_outcomes, compare_paired, mcnemar_exact, newcombe_difference, two_proportion_test
+from harness.stats.paired import (
+    compare_outcomes,
+    compare_paired,
+    mcnemar_exact,
+    newcombe_difference,
+    two_proportion_test,
+)
 
 
 def _identical_defenses(rng: np.random.Generator, n: int, p: float = 0.6, discord: float = 0.1):

@@ -4,10 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.stats.paired import mcnemar_exact, two_proportion_test
-from harness.stats.planning import (discordance_rate, n_for_difference_paired, n_for_difference_unpaired,
-                              n_for_half_width, wilson_half_width)
 from harness.stats.intervals import bootstrap_many, wilson
+from harness.stats.paired import mcnemar_exact, two_proportion_test
+from harness.stats.planning import (
+    discordance_rate,
+    n_for_difference_paired,
+    n_for_difference_unpaired,
+    n_for_half_width,
+    wilson_half_width,
+)
 
 
 @pytest.mark.parametrize("p,h", [(0.3, 0.02), (0.6, 0.03), (0.9, 0.01)])

@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.stats.scoring import worst_case
-from harness.stats.intervals import headline_interval
-from harness.stats.stochastic import between_seed_std, compare_criteria
 from harness.reports.synthetic import synthetic_records
+from harness.stats.intervals import headline_interval
+from harness.stats.scoring import worst_case
+from harness.stats.stochastic import between_seed_std, compare_criteria
 
 
 def test_criteria_side_by_side_match_the_worst_case() -> None:

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import harness.run.runner as runner
-from harness.diagnostics import after_stage as diagnostics
 from harness.api.attack import Attack, AttackResult, register_attack
 from harness.api.config import RunConfig
-from harness.battery.spec import AttackSpec
-from harness.run.stage import run_stage
 from harness.api.threat import ThreatModel
+from harness.battery.spec import AttackSpec
+from harness.diagnostics import after_stage as diagnostics
+from harness.run.stage import run_stage
 from helpers_attacks import attack_batch, make
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import harness.defenses.adv_train as adv_train
-from harness.defenses.small_cnn import build_small_cnn, load_small_cnn
 from harness.cli import main
+from harness.defenses.small_cnn import build_small_cnn, load_small_cnn
 from harness.training.recipe import RECIPES, Recipe, Trainer, get_recipe, recipe_names
 
 

@@ -14,12 +14,12 @@ import harness.run.runner as runner
 from conftest import TinyCNN
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.config import RunConfig
-from harness.sources.datasets import load_test_set
 from harness.api.defense import Defense
 from harness.errors import UsageError
+from harness.reports.outcomes import outcome_table
+from harness.sources.datasets import load_test_set
 from harness.store.rundir import RunStore, load_diagnostics, load_provenance, load_records
 from hostile_zoo import FUNCTION_ZOO, BatchStats, Detached, Dropped, make_function_zoo, true_robust
-from harness.reports.outcomes import outcome_table
 
 EPS = 8 / 255
 N = 32

@@ -25,26 +25,24 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from harness.training.recipe import (Recipe, Trainer, add_loop_arguments, command_line, load_cifar10_train, recipe_main,
-                              recipe_paths, register_recipe)
+from harness.training.adversarial import perturb
+from harness.training.recipe import (
+    Recipe,
+    Trainer,
+    add_data_arguments,
+    add_loop_arguments,
+    command_line,
+    recipe_main,
+    recipe_paths,
+    register_recipe,
+    training_data,
+)
+from harness.training.schedules import warmup_cosine_lr
 
 from . import DEFAULT_MAE, DEFAULT_RAMRM, load_mae
-from .train import _batch, _lr, batch_index, save_weights
+from .train import _batch, batch_index, save_weights
 
 log = logging.getLogger(__name__)
-
-
-def _pgd(classifier: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int,
-         gen: torch.Generator) -> torch.Tensor:
-    """ℓ∞ PGD with random start against the classifier alone (the training adversarial examples)."""
-    if steps == 0 or eps == 0:
-        return x
-    delta = (torch.rand(x.shape, generator=gen) * 2 - 1).to(x.device) * eps
-    for _ in range(steps):
-        xa = (x + delta).clamp(0, 1).requires_grad_(True)
-        (g,) = torch.autograd.grad(F.cross_entropy(classifier(xa), y), xa)
-        delta = (delta + 2.5 * eps / steps * g.sign()).clamp(-eps, eps)
-    return (x + delta).clamp(0, 1).detach()
 
 
 def finetune(args: argparse.Namespace) -> dict:
@@ -59,7 +57,7 @@ def finetune(args: argparse.Namespace) -> dict:
                             mask_ratio=args.mask_ratio, tau=args.tau).to(device)
     classifier = load_classifier(args.classifier).to(device).eval().requires_grad_(False)
     opt = torch.optim.AdamW(mae.parameters(), lr=args.lr, weight_decay=0.0)
-    images, labels = load_cifar10_train(args.data_root)
+    images, labels = training_data(args)
     trainer = Trainer("ramrm", args, mae, opt, state_path, lambda rec: save_weights(mae, out, rec),
                       command_line(args, __name__), ema_decay=0.95,
                       extra_record=lambda: {"batch_size": args.batch_size, "lr": args.lr, "eps": args.eps,
@@ -69,11 +67,12 @@ def finetune(args: argparse.Namespace) -> dict:
 
     def step(i: int) -> dict[str, float]:
         for group in opt.param_groups:
-            group["lr"] = _lr(i, args.steps, args.lr, max(1, args.steps // 20))
+            group["lr"] = warmup_cosine_lr(i, args.steps, args.lr, max(1, args.steps // 20))
         gen = torch.Generator().manual_seed(args.seed * 1_000_003 + i)
         x = _batch(images, i, args.batch_size, args.seed, device)
         y = labels[batch_index(images.shape[0], i, args.batch_size, args.seed)[0]].to(device)
-        x_adv = _pgd(classifier, x, y, args.eps, args.attack_steps, gen)
+        x_adv = perturb(classifier, x, y, eps=args.eps, alpha=2.5 * args.eps / max(1, args.attack_steps),
+                        steps=args.attack_steps, gen=gen)
         mae.requires_grad_(True)
         cls = F.cross_entropy(classifier(purifier.forward_surrogate(x_adv)), y)
         rec = purifier.rec_loss(x).mean()
@@ -90,8 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mae", default=str(DEFAULT_MAE), help="MAE weights to start from")
     parser.add_argument("--out", default=str(DEFAULT_RAMRM), help="fine-tuned weights file (state dict)")
     parser.add_argument("--classifier", default="autoattack-resnet18", help="frozen classifier (harness.sources.models source)")
-    parser.add_argument("--data-root", default=None,
-                        help="data root: cifar10_train.npz or torchvision files (default $HARNESS_DATA, else ~/.cache/harness/data)")
+    add_data_arguments(parser)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)

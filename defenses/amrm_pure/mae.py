@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import Tensor, nn
 from timm.layers import PatchEmbed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models.vision_transformer import Block
+from torch import Tensor, nn
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,7 @@ Runs unchanged on a GPU (``--device cuda``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -23,9 +21,20 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import Tensor
 
-from harness import atomic
-from harness.training.recipe import (Recipe, Trainer, add_loop_arguments, command_line, load_cifar10_train,  # noqa: F401
-                              recipe_main, recipe_paths, register_recipe)
+from harness.training.recipe import (  # noqa: F401
+    Recipe,
+    Trainer,
+    add_data_arguments,
+    add_loop_arguments,
+    command_line,
+    load_cifar10_train,
+    recipe_main,
+    recipe_paths,
+    register_recipe,
+    training_data,
+)
+from harness.training.schedules import warmup_cosine_lr
+from harness.training.weights import save_weights as write_weights
 
 if TYPE_CHECKING:
     from .mae import MaskedAutoencoder
@@ -46,25 +55,12 @@ def _batch(images: Tensor, step: int, batch_size: int, seed: int, device: torch.
     return x.to(device, non_blocking=True)
 
 
-def _lr(step: int, total: int, base: float, warmup: int) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-
-def sidecar_path(out: Path) -> Path:
-    return out.with_suffix(".json")
-
-
 PRESET_NAMES = ("tiny", "small", "base")  # defenses.amrm_pure.mae.MAE_PRESETS; timm is imported only when training
 
 
 def save_weights(model: "MaskedAutoencoder", out: Path, record: dict) -> None:
     """State dict only (float32) at ``out``; architecture and training record next to it as JSON."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic.atomic_path(out) as tmp:
-        torch.save({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, tmp)
-    atomic.write_text(sidecar_path(out), json.dumps({"config": model.config.to_dict(), **record}, indent=2) + "\n")
+    write_weights(model, out, model.config.to_dict(), record)
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -78,7 +74,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)  # also seeds the MAE's random masks, which come from the global RNG
     model = build_mae(config, fused_attn=True).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    images, _ = load_cifar10_train(args.data_root, download=args.download)
+    images, _ = training_data(args)
     trainer = Trainer("mae", args, model, opt, state_path, lambda rec: save_weights(model, out, rec),
                       command_line(args, __name__), config=config.to_dict(),
                       extra_record=lambda: {"batch_size": args.batch_size, "mask_ratio": args.mask_ratio, "lr": args.lr,
@@ -87,7 +83,7 @@ def train(args: argparse.Namespace) -> dict:
 
     def step(i: int) -> dict[str, float]:
         for group in opt.param_groups:
-            group["lr"] = _lr(i, args.steps, args.lr, args.warmup)
+            group["lr"] = warmup_cosine_lr(i, args.steps, args.lr, args.warmup)
         loss = model(_batch(images, i, args.batch_size, args.seed, device), args.mask_ratio)[0].mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -103,9 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="small", choices=PRESET_NAMES, help="architecture size")
     for name in ("embed-dim", "depth", "num-heads", "decoder-embed-dim", "decoder-depth", "decoder-num-heads"):
         parser.add_argument(f"--{name}", type=int, default=None, help="override the preset's value")
-    parser.add_argument("--data-root", default=None,
-                        help="data root: cifar10_train.npz or torchvision files (default $HARNESS_DATA, else ~/.cache/harness/data)")
-    parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
+    add_data_arguments(parser)
     parser.add_argument("--steps", type=int, default=6000, help="total optimizer steps")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1.5e-3)

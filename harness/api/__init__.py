@@ -13,8 +13,16 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
 - :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
 """
-from harness.api.attack import (ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, create_attack,
-                                list_attacks, register_attack)
+from harness.api.attack import (
+                                ATTACKS,
+                                Attack,
+                                AttackBudget,
+                                AttackResult,
+                                Capabilities,
+                                create_attack,
+                                list_attacks,
+                                register_attack,
+)
 from harness.api.config import RunConfig
 from harness.api.defense import DEFENSES, Defense, SmoothingNoise, create_defense, list_defenses, register_defense
 from harness.api.flags import FlagCode

@@ -19,7 +19,6 @@ from torch import Tensor
 from harness.api.defense import GRAD_MODES
 from harness.api.registry import Registry
 from harness.api.target import Target
-
 from harness.api.threat import NORMS, Norm, project_ball  # noqa: F401  (the threat model defines norms and projection)
 
 
@@ -88,12 +87,6 @@ class AttackBudget:
         return {"iterations": int(self.iterations), "restarts": int(self.restarts), "step_size": float(self.step_size),
                 "schedule": str(self.schedule), "loss_fn": str(self.loss), "queries": int(self.queries),
                 "noise_samples": int(self.noise_samples)}
-
-
-# record columns that set an attack's strength (its budget, threat model, EOT and gradient mode);
-# two runs are only comparable when they agree on all of them (``harness compare``)
-BUDGET_COLUMNS: tuple[str, ...] = ("eps", "norm", "iterations", "restarts", "step_size", "schedule", "loss_fn", "eot",
-                                   "grad_mode", "queries", "noise_samples")
 
 
 class Attack(ABC):

@@ -19,10 +19,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 import tomli_w
 
-from harness.sources.datasets import DATASETS
 from harness.api.defense import GRAD_MODES
-from harness.errors import ConfigError, MissingInputError
 from harness.api.schema import NO_RULE, Rule, problem
+from harness.errors import ConfigError, MissingInputError
+from harness.sources.datasets import DATASETS
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "batch_size", "quiet", "out", "run_id", "data_root", "download", "escalations")
@@ -63,8 +63,8 @@ class RunConfig:
     batch_size: int = 256
     device: str = "auto"
     autocast: str = "none"
-    channels_last: bool = False  # networks and inputs in channels-last memory format (harness.run.acceleration)
-    compile: bool = False  # the defense's networks behind torch.compile (harness.run.acceleration)
+    channels_last: bool = False  # networks and inputs in channels-last memory format (harness.run._acceleration)
+    compile: bool = False  # the defense's networks behind torch.compile (harness.run._acceleration)
     save_adversarials: bool = False
     out: str = "runs"
     run_id: str | None = None
@@ -93,7 +93,7 @@ FIELD_NAMES = {f.name for f in dataclasses.fields(RunConfig)}
 # The schema: each field's type is its RunConfig annotation; ranges and accepted strings are declared here.
 RULES: dict[str, Rule] = {
     "eps": Rule(low=0),
-    "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.api.seeding keeps the run seed's low 32 bits
+    "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.api._seeding keeps the run seed's low 32 bits
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
     "norm": Rule(choices=("Linf", "L2", "L1")),

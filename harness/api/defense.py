@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence, cast
 import torch
 from torch import Tensor, nn
 
-from harness.api.validation import check_purified
+from harness.api._validation import check_purified
 from harness.api.registry import Registry
 
 GradMode = Literal["full", "bpda", "surrogate"]

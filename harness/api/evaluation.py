@@ -11,12 +11,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from harness.api.validation import check_logits
-from harness.stats.scoring import Criterion, stage_score, still_attackable
+from harness.api._seeding import seeded
+from harness.api._validation import check_logits
 from harness.api.defense import Defense
 from harness.api.losses import margin as margin_fn
-from harness.api.seeding import seeded
-
+from harness.stats.scoring import Criterion, stage_score, still_attackable
 
 NONFINITE, TIED = -1, -2  # predictions without a single top class
 

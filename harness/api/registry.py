@@ -16,8 +16,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
-from harness.errors import UsageError, one_line, user_frame
 from harness.api.schema import option_problems
+from harness.errors import UsageError, one_line, user_frame
 
 T = TypeVar("T")
 Factory = Callable[..., Any]

@@ -189,3 +189,14 @@ def arg_type(kind: Callable[[str], Any], rule: Rule) -> Callable[[str], Any]:
         return value
     parse.__name__ = kind.__name__  # argparse names the type in its own messages
     return parse
+
+
+def number_or_fraction(text: str) -> float:
+    """An argparse type for budgets: ``0.03`` or ``8/255``."""
+    try:
+        if "/" in text:
+            num, den = text.split("/")
+            return float(num) / float(den)
+        return float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a number or a fraction like 8/255, got {text!r}") from None

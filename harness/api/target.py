@@ -23,7 +23,7 @@ from typing import Callable, cast
 import torch
 from torch import Tensor, nn
 
-from harness.api.validation import check_logits
+from harness.api._validation import check_logits
 from harness.api.defense import GRAD_MODES, Defense, GradMode
 from harness.api.evaluation import predictions
 from harness.api.losses import LossFn

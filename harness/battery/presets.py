@@ -11,8 +11,8 @@ from typing import Any
 
 from harness.api.attack import ATTACKS
 from harness.api.config import load_toml
-from harness.errors import MissingInputError, UsageError
 from harness.battery.spec import AttackSpec
+from harness.errors import MissingInputError, UsageError
 
 ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.diagnostics.escalation)
 

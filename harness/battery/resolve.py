@@ -38,10 +38,9 @@ from typing import Any, Mapping
 
 from harness.api.attack import Attack
 from harness.api.defense import GRAD_MODES, Defense
-from harness.errors import UsageError
 from harness.api.target import Target
 from harness.battery.spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
-
+from harness.errors import UsageError
 
 NO_GRADIENT = "none"  # recorded gradient mode of attacks that use no gradients of the defense
 

@@ -23,22 +23,22 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from harness.run.acceleration import resolve_device
-from harness.store import fingerprint
+from harness.api._seeding import derive_seed
 from harness.api.config import load_toml
-from harness.sources.datasets import load_test_set, select_indices
 from harness.api.defense import Defense, create_defense
-from harness.errors import ConfigError
-from harness.store.machine import hardware, load_average
-from harness.progress import get_logger, progress_bar
-from harness.api.seeding import derive_seed
 from harness.certify.smoothing import certify
-from harness.store.status import completeness
+from harness.errors import ConfigError
+from harness.progress import get_logger, progress_bar
+from harness.run._acceleration import resolve_device
+from harness.sources.datasets import load_test_set, select_indices
+from harness.store import fingerprint
+from harness.store._machine import hardware, load_average
 from harness.store.rundir import Plan, RunKind, RunStore, check_format, validate_run_id
 from harness.store.shards import ShardJob, each_shard
+from harness.store.status import completeness
 
 log = get_logger("certify")
-SEED_NOISE = 7  # seed purpose of the smoothing noise (harness.api.seeding)
+SEED_NOISE = 7  # seed purpose of the smoothing noise (harness.api._seeding)
 
 CERTIFY_SCHEMA = pa.schema([
     ("index", pa.int64()), ("label", pa.int64()), ("shard", pa.int64()), ("prediction", pa.int64()),

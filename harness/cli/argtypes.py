@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from harness.api.config import RULES
-from harness.api.schema import Rule, arg_type
+from harness.api.schema import Rule, arg_type, number_or_fraction  # noqa: F401  (re-exported for the commands)
 
 PERCENT = arg_type(float, Rule(low=0, high=100, unit="(percent)"))
 POINTS = arg_type(float, Rule(low=0, high=50, low_open=True, high_open=True, unit="(points)"))
@@ -17,17 +17,6 @@ POSITIVE = arg_type(float, Rule(low=0, low_open=True))
 SEED = arg_type(int, RULES["seed"])
 # BCa intervals need about 1,000 resamples or more for stable tail quantiles (Efron & Tibshirani 1993, ch. 14)
 RESAMPLES = arg_type(int, Rule(low=1000))
-
-
-def number_or_fraction(text: str) -> float:
-    """An argparse type for budgets: ``0.03`` or ``8/255``."""
-    try:
-        if "/" in text:
-            num, den = text.split("/")
-            return float(num) / float(den)
-        return float(text)
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"expected a number or a fraction like 8/255, got {text!r}") from None
 
 
 def shard_slice(text: str) -> tuple[int, int]:

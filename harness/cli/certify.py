@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from harness.cli.options import add_data_options, add_defense_options, parse_n
-from harness.cli.argtypes import COUNT, PROBABILITY, SEED
 from harness.api.config import parse_key_values
-from harness.progress import setup_logging
 from harness.api.schema import Rule, arg_type
+from harness.cli.argtypes import COUNT, PROBABILITY, SEED
+from harness.cli.options import add_data_options, add_defense_options, parse_n
+from harness.progress import setup_logging
 
 SIGMA = arg_type(float, Rule(low=0, low_open=True))
 

@@ -11,9 +11,9 @@ import argparse
 import math
 from typing import Callable
 
+from harness.api.schema import Rule, arg_type
 from harness.cli.argtypes import COUNT, PROBABILITY
 from harness.errors import UsageError
-from harness.api.schema import Rule, arg_type
 
 SIGMA = arg_type(float, Rule(low=0, low_open=True))
 RADIUS = arg_type(float, Rule(low=0))
@@ -54,8 +54,12 @@ def budget_text(ns: list[int], alpha: float, sigma: float, radii: list[float]) -
     """The budget report as text (used by the CLI and docs/certification.md)."""
     from scipy import stats
 
-    from harness.certify.smoothing import (lower_confidence_bound, max_certifiable_radius, min_samples_for_radius,
-                                   min_votes_for_radius)
+    from harness.certify.smoothing import (
+        lower_confidence_bound,
+        max_certifiable_radius,
+        min_samples_for_radius,
+        min_votes_for_radius,
+    )
 
     lines = [f"Randomized smoothing (CERTIFY, Cohen et al. 2019): alpha = {alpha:g}, sigma = {sigma:g}",
              "Largest L2 radius any classifier can certify, reached only if all N noise draws vote for one class:",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.options import add_statistics_options
 from harness.cli.argtypes import COUNT, FRACTION, PERCENT
+from harness.cli.options import add_statistics_options
 from harness.errors import UsageError
 
 
@@ -48,9 +48,9 @@ def _count(pct_value: float, n: int, name: str) -> tuple[int, str | None]:
 def claim_text(a: float, b: float, n_a: int, n_b: int, *, confidence: float = 0.95, alpha: float = 0.05,
                power: float = 0.8, discordance: float | None = None) -> str:
     """The full claim check as text (used by the CLI and docs/statistics.md)."""
+    from harness.stats.intervals import clopper_pearson, wilson
     from harness.stats.paired import newcombe_difference, two_proportion_test
     from harness.stats.planning import n_for_difference_paired, n_for_difference_unpaired
-    from harness.stats.intervals import clopper_pearson, wilson
 
     k_a, note_a = _count(a, n_a, "a")
     k_b, note_b = _count(b, n_b, "b")

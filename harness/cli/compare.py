@@ -33,10 +33,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.reports.compare import BudgetMismatchError, compare_text
-
-    from harness.store.rundir import RunKind, check_format
     from harness.reports.certified import certified_compare_text
+    from harness.reports.compare import BudgetMismatchError, compare_text
+    from harness.store.rundir import RunKind, check_format
 
     try:
         if RunKind.CERTIFY in (check_format(args.run_a), check_format(args.run_b)):

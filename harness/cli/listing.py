@@ -26,6 +26,7 @@ def main(args: argparse.Namespace) -> int:
         rows = [(n, _first_line(ATTACKS.get(n))) for n in ATTACKS.names(args.pattern)]
     else:
         import fnmatch
+
         from harness.battery.presets import list_presets
         rows = [(n, d) for n, d in list_presets().items() if fnmatch.fnmatch(n, args.pattern)]
     width = max((len(n) for n, _ in rows), default=0)

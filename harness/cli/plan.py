@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.options import add_statistics_options
 from harness.cli.argtypes import FRACTION, PERCENT, POINTS
+from harness.cli.options import add_statistics_options
 from harness.errors import UsageError
 
 

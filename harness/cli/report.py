@@ -5,8 +5,8 @@ import argparse
 from pathlib import Path
 
 from harness.cli.options import add_statistics_options
-from harness.stats.scoring import Criterion
 from harness.errors import UsageError
+from harness.stats.scoring import Criterion
 from harness.store.rundir import RunKind, check_format
 
 

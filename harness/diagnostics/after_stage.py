@@ -34,13 +34,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.diagnostics import escalation
 from harness.api.evaluation import correct
 from harness.api.flags import FlagCode
-from harness.diagnostics.gradcheck import carries_signal, gradient_health, identity_like, jacobian_alignment
 from harness.api.losses import cross_entropy, margin
 from harness.api.target import Target
 from harness.api.threat import project_ball
+from harness.diagnostics import escalation
+from harness.diagnostics.gradcheck import carries_signal, gradient_health, identity_like, jacobian_alignment
 
 CHECKED_FAILURES = 8  # samples used by the checks that spend extra passes
 EOT_PROBE = 32  # samples whose mean gradient cosine decides eot-disagree (per-sample cosines vary widely)
@@ -74,7 +74,7 @@ class Flag:
 
 def after_stage(outcome: Any) -> list[Flag]:
     """All flags for one stage on one shard (the battery's hook). Deterministic given the outcome."""
-    from harness.api.seeding import seeded
+    from harness.api._seeding import seeded
 
     flags: list[Flag] = []
     ctx = _Evidence(outcome)
@@ -100,7 +100,7 @@ def dead_gradient(outcome: Any, flags: list[Flag]) -> str | None:
     start aside), and the flag's escalation (BPDA, a surrogate, gradient-free attacks) is what can
     still break them. A mode with signal on any probed sample is never called dead. Deterministic given
     the outcome, like :func:`after_stage`."""
-    from harness.api.seeding import seeded
+    from harness.api._seeding import seeded
 
     if not any(f.code in DEAD_CODES for f in flags):
         return None

@@ -32,17 +32,17 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from harness.diagnostics import escalation
-from harness.api.validation import check_deterministic, check_logits, defense_name, output_difference
+from harness.api._seeding import seeded
+from harness.api._validation import check_deterministic, check_logits, defense_name, output_difference
 from harness.api.defense import Defense
-from harness.errors import UsageError
 from harness.api.evaluation import TIED, predictions
 from harness.api.flags import FlagCode
-from harness.diagnostics.gradcheck import carries_signal
-from harness.battery.resolve import GradientProbe
-from harness.api.seeding import seeded
 from harness.api.target import Target
 from harness.api.threat import check_data_in_bounds, project_ball
+from harness.battery.resolve import GradientProbe
+from harness.diagnostics import escalation
+from harness.diagnostics.gradcheck import carries_signal
+from harness.errors import UsageError
 
 FIRST_BATCH = 16  # samples of the first batch the checks use
 MODULE_MODES = ("eval", "train")

@@ -24,10 +24,10 @@ import torch
 
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
-from harness.sources.datasets import TestSet
-from harness.battery.spec import AttackSpec
 from harness.battery.resolve import GradientProbe, resolve
+from harness.battery.spec import AttackSpec
 from harness.run.stage import clean_stage, run_stage
+from harness.sources.datasets import TestSet
 
 CALIBRATION_SAMPLES = 64
 

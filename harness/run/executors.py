@@ -25,16 +25,16 @@ from typing import Any, Iterator, Protocol
 
 import numpy as np
 
-from harness.run.acceleration import resolve_device
-from harness.store import fingerprint
 from harness.api.config import RunConfig
-from harness.sources.datasets import load_test_set, resolve_root
 from harness.api.defense import create_defense
-from harness.errors import HarnessError, SetupError, UsageError
-from harness.run.placement import Placed, place_checked
 from harness.diagnostics.preflight import Preflight
+from harness.errors import HarnessError, SetupError, UsageError
 from harness.progress import bars_enabled, progress_bar
+from harness.run._acceleration import resolve_device
+from harness.run._placement import Placed, place_checked
 from harness.run.shards import RunShards
+from harness.sources.datasets import load_test_set, resolve_root
+from harness.store import fingerprint
 from harness.store.rundir import RunStore, load_provenance
 
 RAY_MISSING = "--executor ray needs Ray: pip install 'robustness-harness[ray]'"

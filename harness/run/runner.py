@@ -12,24 +12,23 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.run.placement import place_and_check
+from harness.api.config import RunConfig, check_values, config_warnings
+from harness.api.defense import Defense, create_defense
 from harness.battery.presets import AttackSpec, default_preset, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.diagnostics.merge import collect_escalations, run_flags
-from harness.api.config import RunConfig, check_values, config_warnings
-from harness.sources.datasets import TestSet, load_test_set, select_indices
-from harness.api.defense import Defense, create_defense
 from harness.errors import UsageError
+from harness.progress import get_logger
+from harness.run._placement import place_and_check
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
-from harness.store import fingerprint
-from harness.progress import get_logger
-from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
-from harness.store.status import completeness
-from harness.store.shards import take
 from harness.run.shards import RunShards
-from harness.store.rundir import (Plan, RunStore, load_provenance, load_records, make_run_id,
-                           validate_run_id)
+from harness.sources.datasets import TestSet, load_test_set, select_indices
+from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
+from harness.store import fingerprint
+from harness.store.rundir import Plan, RunStore, load_provenance, load_records, make_run_id, validate_run_id
+from harness.store.shards import take
+from harness.store.status import completeness
 
 log = get_logger("runner")
 LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a cost estimate when they start

@@ -16,7 +16,7 @@ from harness.battery.resolve import GradientProbe, resolve
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar
-from harness.run.acceleration import as_input
+from harness.run._acceleration import as_input
 from harness.run.stage import clean_stage, flag_dict, run_stage, skipped_stage, uses_dead_gradient
 from harness.run.verdict import Verifier
 from harness.sources.datasets import TestSet

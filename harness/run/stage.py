@@ -20,16 +20,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from harness.api._seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERIFY, derive_seed, seeded
 from harness.api.attack import Attack, AttackBudget, AttackResult, perturbation_norms
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
-from harness.api.passes import PassCount, counting
 from harness.api.flags import FlagCode
-from harness.battery.spec import AttackSpec
-from harness.battery.resolve import GradientProbe, Resolved, resolve
-from harness.api.seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERIFY, derive_seed, seeded
+from harness.api.passes import PassCount, counting
+from harness.api.records import MISSING, not_attempted
 from harness.api.target import Target
 from harness.api.threat import ThreatModel, check_data_in_bounds
+from harness.battery.resolve import GradientProbe, Resolved, resolve
+from harness.battery.spec import AttackSpec
 from harness.run.verdict import Agreement, Verifier, combine, reanchor
 
 
@@ -168,23 +169,25 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
     full = lambda v, fill, dtype: torch.full((n,), fill, dtype=dtype, device=x.device).index_put_((idx,), v.to(device=x.device, dtype=dtype))  # noqa: E731
     linf, l2 = perturbation_norms(xa, x_adv) if n_att else (xa.new_zeros(0), xa.new_zeros(0))
     nan = torch.tensor(float("nan"))
-    per_sample = lambda k: full(torch.full((n_att,), spent[k] / max(n_att, 1)), 0.0, torch.float64).cpu().numpy()  # noqa: E731
+    # attempted samples get the stage's values, the others the column's declared missing value (harness.api.records)
+    col = lambda name, v, dtype: full(v, MISSING[name], dtype).cpu().numpy()  # noqa: E731
+    per_sample = lambda total: torch.full((n_att,), total / max(n_att, 1))  # noqa: E731
     cols: dict[str, Any] = {
         "attempted": robust_before.cpu().numpy(),
         "preds": _preds_lists(ev.preds, idx, n),
-        "correct_all": full(ev.correct_all, False, torch.bool).cpu().numpy(),
-        "correct_majority": full(ev.correct_majority, False, torch.bool).cpu().numpy(),
-        "correct_frac": full(ev.correct_frac, 0.0, torch.float64).cpu().numpy(),
-        "finite": full(ev.finite, True, torch.bool).cpu().numpy(),
-        "success": full(result.success, False, torch.bool).cpu().numpy(),
-        "loss": full(result.loss.float() if result.loss is not None else nan.expand(n_att), float("nan"), torch.float64).cpu().numpy(),
-        "margin": full(result.margin.float() if result.margin is not None else ev.margin, float("nan"), torch.float64).cpu().numpy(),
-        "linf": full(linf, float("nan"), torch.float64).cpu().numpy(),
-        "l2": full(l2, float("nan"), torch.float64).cpu().numpy(),
-        "time_s": full(torch.full((n_att,), elapsed / max(n_att, 1)), 0.0, torch.float64).cpu().numpy(),
-        **{k: per_sample(k) for k in spent},
-        "projected": full(projected, False, torch.bool).cpu().numpy(),
-        "nonfinite_query": full(witnesses.has, False, torch.bool).cpu().numpy(),
+        "correct_all": col("correct_all", ev.correct_all, torch.bool),
+        "correct_majority": col("correct_majority", ev.correct_majority, torch.bool),
+        "correct_frac": col("correct_frac", ev.correct_frac, torch.float64),
+        "finite": col("finite", ev.finite, torch.bool),
+        "success": col("success", result.success, torch.bool),
+        "loss": col("loss", result.loss.float() if result.loss is not None else nan.expand(n_att), torch.float64),
+        "margin": col("margin", result.margin.float() if result.margin is not None else ev.margin, torch.float64),
+        "linf": col("linf", linf, torch.float64),
+        "l2": col("l2", l2, torch.float64),
+        "time_s": col("time_s", per_sample(elapsed), torch.float64),
+        **{k: col(k, per_sample(spent[k]), torch.float64) for k in spent},
+        "projected": col("projected", projected, torch.bool),
+        "nonfinite_query": col("nonfinite_query", witnesses.has, torch.bool),
         **_budget_columns(attack, resolved),
         "seed": int(run_seed),  # the run seed; the stage's own seeds derive from (seed, shard, stage)
         "skipped": "",
@@ -271,13 +274,7 @@ def skipped_stage(spec: AttackSpec, attack: Attack, defense: Defense, n: int, *,
     columns say what would have run. The cascade carries every sample's state past it unchanged."""
     resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast,
                        probe=probe)
-    zeros, nan = np.zeros(n), np.full(n, np.nan)
-    return {"attempted": np.zeros(n, bool), "preds": [[] for _ in range(n)], "correct_all": np.zeros(n, bool),
-            "correct_majority": np.zeros(n, bool), "correct_frac": zeros, "finite": np.ones(n, bool),
-            "success": np.zeros(n, bool), "loss": nan, "margin": nan, "linf": nan, "l2": nan, "time_s": zeros,
-            **{k: zeros for k in PassCount().counts()}, "projected": np.zeros(n, bool),
-            "nonfinite_query": np.zeros(n, bool), **_budget_columns(attack, resolved), "seed": int(run_seed),
-            "skipped": reason}
+    return {**not_attempted(n), **_budget_columns(attack, resolved), "seed": int(run_seed), "skipped": reason}
 
 
 def _preds_lists(preds: Tensor, idx: Tensor, n: int) -> list[list[int]]:

@@ -27,11 +27,11 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from harness.api._seeding import seeded
 from harness.api.defense import Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
-from harness.diagnostics.preflight import apply_module_mode
-from harness.api.seeding import seeded
 from harness.api.threat import ThreatModel
+from harness.diagnostics.preflight import apply_module_mode
 
 DISAGREE_ALPHA = 1e-3  # sign-test level at which a stochastic defense's two evaluations are said to disagree
 

@@ -15,8 +15,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import nn
 
-from harness.sources.datasets import DATASETS
 from harness.errors import MissingInputError, SetupError, UsageError
+from harness.sources.datasets import DATASETS
 
 PYAUTOATTACK_RESNET18 = "autoattack-resnet18"
 ROBUSTBENCH_THREAT_MODELS = ("Linf", "L2", "corruptions")

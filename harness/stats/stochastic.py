@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from harness.stats.scoring import CRITERIA, Criterion, eval_draws, worst_case, worst_case_by_seed
 from harness.stats.intervals import Interval, headline_interval
+from harness.stats.scoring import CRITERIA, Criterion, eval_draws, worst_case, worst_case_by_seed
 
 
 @dataclass(frozen=True)

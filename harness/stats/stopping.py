@@ -27,10 +27,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from harness.stats.scoring import worst_case
 from harness.errors import UsageError
-from harness.stats.sequential import difference_cs, mean_cs
 from harness.stats.intervals import Interval, excludes
+from harness.stats.scoring import worst_case
+from harness.stats.sequential import difference_cs, mean_cs
 
 # the seeded order is drawn from (run seed, this tag): the plain sorted subset of runs without --until is unchanged
 _ORDER_TAG = 0x5E0

@@ -40,12 +40,13 @@ import torch
 
 from harness import atomic
 from harness.api.config import RunConfig, read_config, write_config
-from harness.errors import HarnessError, MissingInputError, UsageError
-from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
 from harness.api.flags import check_codes
-from harness.store.locks import file_lock
-from harness.store.machine import hardware, load_average
+from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS  # noqa: F401  (the record format, declared there)
+from harness.errors import HarnessError, MissingInputError, UsageError
 from harness.stats.scoring import stages
+from harness.store._locks import file_lock
+from harness.store._machine import hardware, load_average
+from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
 
 FORMAT_VERSION = 2
 # versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran)
@@ -62,22 +63,6 @@ class RunKind(str, Enum):
     ATTACK = "attack"
     CERTIFY = "certify"
 
-SCHEMA = pa.schema([
-    ("index", pa.int64()), ("label", pa.int64()), ("shard", pa.int64()), ("stage", pa.int64()), ("attack", pa.string()),
-    ("attempted", pa.bool_()), ("preds", pa.list_(pa.int64())), ("correct_all", pa.bool_()),
-    ("correct_majority", pa.bool_()), ("correct_frac", pa.float64()), ("finite", pa.bool_()), ("success", pa.bool_()),
-    ("loss", pa.float64()), ("margin", pa.float64()), ("linf", pa.float64()), ("l2", pa.float64()),
-    ("time_s", pa.float64()), ("classifier_forward", pa.float64()), ("classifier_backward", pa.float64()),
-    ("purifier_forward", pa.float64()), ("purifier_backward", pa.float64()), ("projected", pa.bool_()),
-    ("nonfinite_query", pa.bool_()),
-    ("eps", pa.float64()), ("norm", pa.string()), ("iterations", pa.int64()), ("restarts", pa.int64()),
-    ("eot", pa.int64()), ("grad_mode", pa.string()), ("queries", pa.int64()), ("noise_samples", pa.int64()),
-    ("step_size", pa.float64()), ("schedule", pa.string()), ("loss_fn", pa.string()), ("eot_source", pa.string()), ("grad_source", pa.string()),
-    ("seed", pa.int64()), ("skipped", pa.string()),
-])
-COLUMNS = SCHEMA.names
-# columns that measure the machine, not the result; they differ between identical runs
-TIMING_COLUMNS = ("time_s",)
 PACKAGES = ("torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "pyautoattack", "torchattacks", "timm",
             "robustness-harness")
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")

@@ -11,8 +11,18 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.stats.scoring import stages
-from harness.store.rundir import (Plan, RunFormatError, RunKind, RunStore, check_format, kept_shards, load_config,
-                                  load_provenance, read_table, stage_names)
+from harness.store.rundir import (
+    Plan,
+    RunFormatError,
+    RunKind,
+    RunStore,
+    check_format,
+    kept_shards,
+    load_config,
+    load_provenance,
+    read_table,
+    stage_names,
+)
 
 
 class IncompleteRunError(UsageError):

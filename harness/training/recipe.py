@@ -43,11 +43,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from harness import atomic
-from harness.sources.datasets import load_split
-from harness.errors import UsageError
-from harness.store.machine import load_average
-from harness.progress import bars_enabled
 from harness.api.registry import Registry, RegistryError
+from harness.errors import UsageError
+from harness.progress import bars_enabled
+from harness.sources.datasets import load_split
+from harness.store._machine import load_average
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,20 @@ def add_loop_arguments(parser: argparse.ArgumentParser, *, log_every: int, check
                         help="checkpoint and stop once STEP optimizer steps are done; the same command without it continues")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(command_line=None)
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options every recipe shares for its training data (read with :func:`training_data`)."""
+    parser.add_argument("--data-root", default=None, help="data root: cifar10_train.npz or torchvision files "
+                                                          "[$HARNESS_DATA, else ~/.cache/harness/data]")
+    parser.add_argument("--download", action="store_true", help="download CIFAR-10 with torchvision if missing")
+    parser.add_argument("--train-limit", type=int, default=None, metavar="N",
+                        help="train on the first N training images only (tests, smoke runs) [all 50,000]")
+
+
+def training_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
+    """The training images and labels that :func:`add_data_arguments`'s options name."""
+    return load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
 
 
 def recipe_paths(args: argparse.Namespace) -> tuple[torch.device, Path, Path]:

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.run.acceleration import accelerate, resolve_device
 from harness.api.config import RunConfig
-from harness.sources.datasets import TestSet
 from harness.api.defense import Defense
-from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
-from harness.battery.spec import AttackSpec
 from harness.battery.resolve import check_battery, describe
+from harness.battery.spec import AttackSpec
+from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
+from harness.run._acceleration import accelerate, resolve_device
 from harness.run.verdict import Verifier, verifier_for
+from harness.sources.datasets import TestSet
 
 log = logging.getLogger("harness.run.runner")
 

@@ -1,0 +1,51 @@
+"""The record columns are declared once (harness.api.records): the docs table, the pass counters, the budget an
+attack declares and the rows of a not-attempted sample must all agree with that declaration."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harness.api.attack import AttackBudget
+from harness.api.passes import COUNTS
+from harness.api.records import (
+    BUDGET_COLUMNS,
+    COLUMNS,
+    MISSING,
+    PASS_COLUMNS,
+    RECORD_COLUMNS,
+    ColumnKind,
+    docs_table,
+    not_attempted,
+)
+from harness.store.rundir import SCHEMA
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "results-format.md"
+
+
+def test_the_docs_table_is_the_generated_one() -> None:
+    text = DOCS.read_text()
+    start = text.index("\n", text.index("<!-- generated from harness/api/records.py")) + 1
+    assert text[start:text.index("\n<!-- end of generated table -->")] == docs_table()
+
+
+def test_every_column_is_documented_once_and_named_once() -> None:
+    assert len(set(COLUMNS)) == len(COLUMNS) == len(RECORD_COLUMNS) and SCHEMA.names == COLUMNS
+    table = docs_table()
+    assert all(f"`{name}`" in table for name in COLUMNS)
+
+
+def test_pass_counters_and_declared_budget_are_record_columns() -> None:
+    assert set(COUNTS) == set(PASS_COLUMNS)
+    budget = set(AttackBudget().columns())
+    assert budget <= set(BUDGET_COLUMNS)
+    assert set(BUDGET_COLUMNS) - budget == {"eps", "norm", "eot", "grad_mode"}  # the threat model and the resolver's
+
+
+def test_a_not_attempted_sample_gets_each_columns_declared_value() -> None:
+    cols = not_attempted(3)
+    assert set(cols) == set(MISSING)
+    assert cols["preds"] == [[], [], []] and not cols["attempted"].any() and cols["finite"].all()
+    assert np.isnan(cols["loss"]).all() and (cols["time_s"] == 0).all()
+    never_missing = {c.name for c in RECORD_COLUMNS if c.missing is None}
+    assert {c.name for c in RECORD_COLUMNS if c.kind in (ColumnKind.KEY, ColumnKind.BUDGET)} <= never_missing
