@@ -33,6 +33,7 @@ and the final clamp; the UNet is counted as the purifier's network.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,6 @@ from .ddpm_train import DEFAULT_WEIGHTS, SCHEDULE, WEIGHTS_DIR, diffusers_module
 from .diffpure import DiffPurePurifier, load_unet, schedule_alphas_cumprod
 
 MODEL_SCALE = 2.0  # x in [0, 1] -> u = 2x - 1 in [-1, 1]: a pixel-unit σ is 2σ in the UNet's units
-T200_WEIGHTS = WEIGHTS_DIR / "ddpm_small_t200.pt"
 SMOOTHING_CLASSIFIERS = ("smoothing-gaussian", "smoothing-consistency")
 
 
@@ -116,10 +116,29 @@ class DiffusionDenoiser(nn.Module):
         return (u.clamp(-1.0, 1.0) + 1.0) / 2.0
 
 
-def default_weights(weights_dir: Path = WEIGHTS_DIR) -> Path:
-    """``ddpm_small_t200.pt`` (trained to t_max = 200, which covers σ = 0.25) if present, else ``ddpm_small.pt``."""
-    t200 = weights_dir / T200_WEIGHTS.name
-    return t200 if t200.is_file() else weights_dir / DEFAULT_WEIGHTS.name
+def _finished_t_max(path: Path) -> int | None:
+    """The t_max of a finished DDPM training (its sidecar says so), else None (no sidecar, or still training)."""
+    sidecar = path.with_suffix(".json")
+    try:
+        record = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return None
+    done = record.get("total_steps") is None or record.get("steps") == record.get("total_steps")
+    t_max = (record.get("config") or {}).get("t_max")
+    return int(t_max) if done and isinstance(t_max, int) else None
+
+
+def default_weights(sigma: float = 0.25, weights_dir: Path = WEIGHTS_DIR) -> Path:
+    """The shipped denoiser for ``sigma``: of the finished ``ddpm_small*.pt`` trainings, the one with the smallest
+    t_max that still covers σ's timestep t* (the most training per timestep used); when none covers it, the one with
+    the largest t_max (:func:`check_t_max` then says what to train); ``ddpm_small.pt`` when none has a sidecar."""
+    found = {p: t for p in sorted(weights_dir.glob("ddpm_small*.pt"))
+             if not p.name.endswith(".state.pt") and (t := _finished_t_max(p)) is not None}
+    if not found:
+        return weights_dir / DEFAULT_WEIGHTS.name
+    t_star = timestep_for_sigma(sigma, schedule_alphas_cumprod())
+    covering = [p for p, t in found.items() if t >= t_star]
+    return min(covering, key=found.__getitem__) if covering else max(found, key=found.__getitem__)
 
 
 def schedule_from_config(config: dict) -> Tensor:
@@ -189,9 +208,9 @@ def diffusion_smoothing(sigma: float = 0.25, weights: str | None = None, steps: 
                         **classifier_options: Any) -> Defense:
     """Diffusion denoised smoothing (Carlini et al. 2023): one-step DDPM denoising at the timestep matching ``sigma``
     (must equal certify's --sigma), then the classifier (default pyautoattack's CIFAR-10 ResNet-18; the options of
-    ``none``, or ``classifier=smoothing-gaussian|smoothing-consistency``). ``weights``: the DDPM [ddpm_small_t200.pt
-    if present, else ddpm_small.pt]. ``steps``: DDIM steps from t* [1]. ``noise=true``: add N(0, σ²I) itself."""
-    path = Path(weights).expanduser() if weights is not None else default_weights()
+    ``none``, or ``classifier=smoothing-gaussian|smoothing-consistency``). ``weights``: the DDPM [the shipped one
+    with the smallest t_max covering σ: :func:`default_weights`]. ``steps``: DDIM steps from t* [1]. ``noise=true``: add N(0, σ²I) itself."""
+    path = Path(weights).expanduser() if weights is not None else default_weights(float(sigma))
     unet, config = load_unet(path, unsafe_load=bool(classifier_options.get("unsafe_load", False)))
     ab = schedule_from_config(config)
     t_max = config.get("t_max")

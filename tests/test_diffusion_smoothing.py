@@ -157,10 +157,24 @@ def test_registered_defense_and_its_options(tmp_path):
     assert type(small.classifier).__name__ == "SmallCNN" and small.provenance["steps"] == 2
     with pytest.raises(UsageError, match="takes no classifier options"):
         create_defense("diffusion-smoothing", weights=str(weights), classifier="smoothing-gaussian", arch="x")
-    # default weights: the t_max = 200 file if it exists, else ddpm_small.pt
-    assert default_weights(tmp_path) == tmp_path / "ddpm_small.pt"
-    (tmp_path / "ddpm_small_t200.pt").write_bytes(b"")
-    assert default_weights(tmp_path) == tmp_path / "ddpm_small_t200.pt"
+
+
+def test_default_weights_are_the_finished_denoiser_with_the_smallest_t_max_that_covers_sigma(tmp_path):
+    assert default_weights(0.25, tmp_path) == tmp_path / "ddpm_small.pt"  # nothing with a sidecar: the recipe's file
+
+    def trained(name: str, t_max: int, steps: int = 10, total: int = 10) -> None:
+        (tmp_path / f"{name}.pt").write_bytes(b"")
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": {"t_max": t_max}, "steps": steps,
+                                                           "total_steps": total}))
+
+    trained("ddpm_small", 100)
+    trained("ddpm_small_t300", 300)
+    trained("ddpm_small_t200", 200)
+    trained("ddpm_small_t999", 999, steps=3)  # still training: never the default
+    assert default_weights(0.25, tmp_path) == tmp_path / "ddpm_small_t200.pt"  # t* = 144
+    assert default_weights(0.5, tmp_path) == tmp_path / "ddpm_small_t300.pt"  # t* = 258
+    assert default_weights(1.0, tmp_path) == tmp_path / "ddpm_small_t300.pt"  # none covers: the largest, refused later
+    assert default_weights(0.05, tmp_path) == tmp_path / "ddpm_small.pt"
 
 
 def test_harness_certify_adds_the_noise_and_the_defense_denoises_it(tmp_path, tiny_data_root, capsys):
