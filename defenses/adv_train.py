@@ -148,7 +148,7 @@ def train(args: argparse.Namespace, *, recipe: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, recipe: str) -> None:
-    parser.add_argument("--out", default=str(DEFAULT_WEIGHTS[recipe]), help=f"weights file [{DEFAULT_WEIGHTS[recipe]}]")
+    parser.add_argument("--out", default=str(DEFAULT_WEIGHTS[recipe]), help=f"weights file [defenses/weights/{DEFAULT_WEIGHTS[recipe].name}]")
     parser.add_argument("--width", type=int, default=16, help="network width w (see defenses/small_cnn.py; 16 keeps a 10,000-image APGD-CE + APGD-T run near an hour on 2 cores) [16]")
     add_data_arguments(parser)
     parser.add_argument("--epochs", type=int, default=15, help="[15]")

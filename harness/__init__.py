@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: the first use of a public name imports harness.api (and torch); ``import harness`` alone does not
+    # PEP 562: the first use of a public name imports the module defining it (and torch); ``import harness`` alone
+    # imports nothing else
     api = importlib.import_module("harness.api")
     if name in api.__all__:
         return getattr(api, name)

@@ -3,6 +3,7 @@ module outgrows one concept (about 400 lines), and the plugin folders are reache
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import grimp
@@ -76,3 +77,18 @@ def test_no_module_imports_a_plugin_folder_by_its_bare_name() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             bad += [f"{path.relative_to(REPO)}:{node.lineno}" for n in names if n.split(".")[0] in PLUGIN_FOLDERS]
     assert bad == []
+
+
+def test_the_public_names_resolve_lazily_and_import_harness_alone_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    import harness
+    import harness.api as api
+
+    assert set(api.__all__) == set(api._EXPORTS)
+    for name in api.__all__:
+        assert getattr(harness, name) is getattr(importlib.import_module(api._EXPORTS[name]), name)
+    code = "import sys, harness, harness.stats.intervals, harness.stats.paired; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"

@@ -166,3 +166,28 @@ def test_list_commands(capsys):
     assert {"none", "bit-depth", "gaussian-noise"} <= {line.split()[0] for line in capsys.readouterr().out.splitlines()}
     assert main(["list", "attacks", "pgd*"]) == 0
     assert capsys.readouterr().out.split()[0] == "pgd"
+
+
+def test_threads_sets_and_records_the_torch_threads_and_leaves_the_run_id(user_file, tiny_data_root, tmp_path,
+                                                                           capsys):
+    import json
+
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        args = ["--defense", f"{user_file}:make", "--attacks", "quick", "--attack-opt", "steps=1", "--n", "8",
+                "--no-escalate"]
+        code, _, err = _run([*args, "--threads", "1"], tiny_data_root, tmp_path / "a", capsys)
+        assert code == 0, err
+        code, _, err = _run([*args, "--threads", "2"], tiny_data_root, tmp_path / "b", capsys)
+        assert code == 0, err
+    finally:
+        torch.set_num_threads(before)
+    (a,), (b,) = (list((tmp_path / d).iterdir()) for d in ("a", "b"))
+    assert a.name == b.name  # threads do not change results, so not the run id either
+    for run_dir, threads in ((a, 1), (b, 2)):
+        prov = json.loads((run_dir / "provenance.json").read_text())
+        assert prov["sessions"][-1]["threads"] == threads and read_config(run_dir / "config.toml").threads == threads
+    code, _, err = _run([*args, "--threads", "0"], tiny_data_root, tmp_path / "c", capsys)
+    assert code == 2 and "threads" in err

@@ -13,27 +13,59 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
 - :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
 """
-from harness.api.attack import (
-                                ATTACKS,
-                                Attack,
-                                AttackBudget,
-                                AttackResult,
-                                Capabilities,
-                                create_attack,
-                                list_attacks,
-                                register_attack,
-)
-from harness.api.config import RunConfig
-from harness.api.defense import DEFENSES, Defense, SmoothingNoise, create_defense, list_defenses, register_defense
-from harness.api.flags import FlagCode
-from harness.api.losses import LOSSES, get_loss
-from harness.api.registry import Registry, RegistryError
-from harness.api.target import Target
-from harness.api.threat import ThreatModel
-from harness.errors import ConfigError, DataError, HarnessError, MissingInputError, SetupError, UsageError
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the module defining it; imported on first use (PEP 562), so that importing one contract module
+# (e.g. harness.api.config for the command line) does not import torch through the others
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "create_attack",
+                     "list_attacks", "register_attack"], "harness.api.attack"),
+    "RunConfig": "harness.api.config",
+    **dict.fromkeys(["DEFENSES", "Defense", "SmoothingNoise", "create_defense", "list_defenses", "register_defense"],
+                    "harness.api.defense"),
+    "FlagCode": "harness.api.flags",
+    **dict.fromkeys(["LOSSES", "get_loss"], "harness.api.losses"),
+    **dict.fromkeys(["Registry", "RegistryError"], "harness.api.registry"),
+    "Target": "harness.api.target",
+    "ThreatModel": "harness.api.threat",
+    **dict.fromkeys(["ConfigError", "DataError", "HarnessError", "MissingInputError", "SetupError", "UsageError"],
+                    "harness.errors"),
+}
 __all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "ConfigError", "DEFENSES",
            "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "MissingInputError", "Registry",
            "RegistryError", "RunConfig", "SetupError", "SmoothingNoise", "Target", "ThreatModel", "UsageError",
            "create_attack", "create_defense", "get_loss", "list_attacks", "list_defenses", "register_attack",
            "register_defense"]
+
+if TYPE_CHECKING:
+    from harness.api.attack import (
+        ATTACKS,
+        Attack,
+        AttackBudget,
+        AttackResult,
+        Capabilities,
+        create_attack,
+        list_attacks,
+        register_attack,
+    )
+    from harness.api.config import RunConfig
+    from harness.api.defense import DEFENSES, Defense, SmoothingNoise, create_defense, list_defenses, register_defense
+    from harness.api.flags import FlagCode
+    from harness.api.losses import LOSSES, get_loss
+    from harness.api.registry import Registry, RegistryError
+    from harness.api.target import Target
+    from harness.api.threat import ThreatModel
+    from harness.errors import ConfigError, DataError, HarnessError, MissingInputError, SetupError, UsageError
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'harness.api' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -25,7 +25,8 @@ from harness.errors import ConfigError, MissingInputError
 from harness.sources.datasets import DATASETS
 
 # fields that do not change results and are left out of the run id
-NON_RESULT_FIELDS = ("device", "batch_size", "quiet", "out", "run_id", "data_root", "download", "escalations")
+NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id", "data_root", "download",
+                     "escalations")
 # fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
 # otherwise, so older run ids stay valid
 LATER_FIELDS: dict[str, Any] = {"until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
@@ -62,6 +63,7 @@ class RunConfig:
     shard_size: int = 256
     batch_size: int = 256
     device: str = "auto"
+    threads: int | None = None  # torch CPU threads of the run's process (None: torch's default)
     autocast: str = "none"
     channels_last: bool = False  # networks and inputs in channels-last memory format (harness.run._acceleration)
     compile: bool = False  # the defense's networks behind torch.compile (harness.run._acceleration)
@@ -95,7 +97,7 @@ RULES: dict[str, Rule] = {
     "eps": Rule(low=0),
     "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.api._seeding keeps the run seed's low 32 bits
     "n": Rule(low=1, choices=("all",)),
-    "eot": Rule(low=1), "eval_repeats": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
+    "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
     "norm": Rule(choices=("Linf", "L2", "L1")),
     "grad": Rule(choices=GRAD_MODES),
     "dataset": Rule(choices=tuple(DATASETS)),

@@ -45,6 +45,8 @@ RUN_HELP: dict[str, str] = {
                    "statistics) or train (as handed over) [default: eval when that changes no output, else the run "
                    "is refused until you say]",
     "device": "auto, cpu, cuda or cuda:N",
+    "threads": "torch CPU threads of this process, recorded with each start in provenance.json (sessions) [default: "
+               "torch's own, usually one per core]",
     "autocast": "bfloat16 autocast during attacks (CUDA or CPU; attacks that do not support it are refused)",
     "channels_last": "networks and inputs in channels-last memory format (faster convolutions on CUDA)",
     "compile": "run the defense's networks through torch.compile (CUDA; compile time is paid once per shape)",

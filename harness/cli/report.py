@@ -15,7 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("report", help="table of clean/robust accuracy with 95%% intervals from run directories",
                               description="Combine run directories into one table: a row per defense, a column per "
-                                          "attack plus the worst case, each with its 95%% interval (BCa bootstrap where the data resolve both tails, else exact Clopper-Pearson) and the Wilson interval.")
+                                          "attack plus the worst case, each with its 95% interval (BCa bootstrap where the data resolve both tails, else exact Clopper-Pearson) and the Wilson interval.")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directory (runs/<run-id>)")
     p.add_argument("--format", default="markdown", choices=FORMATS, help="output format (default markdown)")
     p.add_argument("--output", "-o", type=Path, help="write to FILE instead of standard output")

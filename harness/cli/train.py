@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 from functools import partial
+from pathlib import Path
 
 from harness.api.registry import RegistryError
 from harness.training.recipe import Recipe, get_recipe, recipe_names
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -72,3 +76,56 @@ def _run(recipe: Recipe, parser: argparse.ArgumentParser, args: argparse.Namespa
     print(f"{recipe.name}: {done} {rec['steps']} steps in {rec.get('wall_time_s', 0):.0f} s; final losses (EMA) "
           f"{losses or '-'}; weights: {rec['weights']}")
     return 0
+
+
+def _shared_dests() -> set[str]:
+    from harness.training.recipe import add_data_arguments, add_loop_arguments
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_data_arguments(p)
+    add_loop_arguments(p, log_every=0, checkpoint_every=0)
+    return {a.dest for a in p._actions}
+
+
+def _rows(parser: argparse.ArgumentParser, skip: set[str]) -> list[str]:
+    rows = []
+    for action in parser._actions:  # argparse keeps no public list of a parser's options
+        if not action.option_strings or action.dest in skip or action.dest == "help":
+            continue
+        flag = action.option_strings[-1] + (f" {action.metavar}" if action.metavar else "")
+        text = (action.help or "").replace("|", "\\|")
+        default = action.default
+        if isinstance(default, str) and Path(default).is_absolute():  # a file of the repository: where it sits in it
+            default = os.path.relpath(default, REPO)
+        if default not in (None, False) and "[" not in text and action.dest != "command_line":
+            text += f" [{default}]"
+        if action.choices:
+            text += f" (one of: {', '.join(map(str, action.choices))})"
+        rows.append(f"| `{flag}` | {text.strip()} |")
+    return rows
+
+
+def reference() -> str:
+    """The ``harness train`` section of ``docs/cli.md``, from the recipes' own parsers (``python -m
+    harness.cli.train`` prints it; the tests check the docs hold it): the options every recipe shares, then each
+    recipe's own."""
+    shared = argparse.ArgumentParser(prog="harness train RECIPE", add_help=False)
+    from harness.training.recipe import add_data_arguments, add_loop_arguments
+
+    add_data_arguments(shared)
+    add_loop_arguments(shared, log_every=0, checkpoint_every=0)
+    lines = ["Every recipe takes these (`--log-every` and `--checkpoint-every` default per recipe, below):", "",
+             "| flag | meaning [default] |", "| --- | --- |",
+             *(r for r in _rows(shared, {"command_line"}) if "--log-every" not in r and "--checkpoint-every" not in r)]
+    skip = _shared_dests() - {"log_every", "checkpoint_every"}
+    for name in recipe_names():
+        recipe = get_recipe(name)
+        p = argparse.ArgumentParser(prog=f"harness train {name}", add_help=False)
+        recipe.add_arguments(p)
+        lines += ["", f"### `harness train {name}`", "", (recipe.description or recipe.help).strip(), "",
+                  "| flag | meaning [default] |", "| --- | --- |", *_rows(p, skip)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference())

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from harness.api.config import RunConfig, check_values, config_warnings
 from harness.api.defense import Defense, create_defense
@@ -37,6 +38,8 @@ LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a 
 def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, Defense, TestSet, list[int]]:
     """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats)."""
     check_values(vars(cfg), source=None)  # the config schema again: fields may have been set after construction
+    if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
+        torch.set_num_threads(cfg.threads)
     if defense is None:
         defense = create_defense(cfg.defense, **cfg.defense_opts)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)

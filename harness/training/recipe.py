@@ -92,7 +92,8 @@ def recipe_names() -> list[str]:
 def add_loop_arguments(parser: argparse.ArgumentParser, *, log_every: int, checkpoint_every: int) -> None:
     """Options every resumable training recipe shares (seed, device, logging, checkpoints)."""
     parser.add_argument("--seed", type=int, default=0, help="seeds the initialisation and every random draw [0]")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, cuda or cuda:N [cuda if available, else cpu]")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads [1]")
     parser.add_argument("--log-every", type=int, default=log_every, help=f"steps between log lines [{log_every}]")
     parser.add_argument("--checkpoint-every", type=int, default=checkpoint_every,
