@@ -250,3 +250,12 @@ def test_truncated_shard_is_named_with_what_to_do(run_dir, tmp_path, capsys):
     line = _one_line_error(*_main(["report", str(copy)], capsys)[::2])
     assert str(shard) in line and "damaged" in line and "delete" in line and "harness run" in line, line
     assert "ArrowInvalid" not in line and "-v" not in line, line
+
+
+def test_a_misspelt_option_is_reported_by_its_subcommand_with_the_closest_options(capsys):
+    assert main(["run", "--defence-opt", "bits=3", "--n", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "usage: harness run" in err and "harness run: error: unrecognized arguments: --defence-opt bits=3" in err
+    assert "did you mean --defense, --defense-opt?" in err
+    assert main(["train", "ddpm", "--t-maxx", "300"]) == 2
+    assert "harness train ddpm: error: unrecognized arguments: --t-maxx 300 (did you mean --t-max?)" in capsys.readouterr().err

@@ -191,3 +191,31 @@ def test_threads_sets_and_records_the_torch_threads_and_leaves_the_run_id(user_f
         assert prov["sessions"][-1]["threads"] == threads and read_config(run_dir / "config.toml").threads == threads
     code, _, err = _run([*args, "--threads", "0"], tiny_data_root, tmp_path / "c", capsys)
     assert code == 2 and "threads" in err
+
+
+def test_the_images_can_be_chosen_apart_from_the_run_seed(user_file, tiny_data_root, tmp_path, capsys):
+    import json
+
+    def images(run_dir: Path) -> list[int]:
+        return json.loads((run_dir / "provenance.json").read_text())["indices"]
+
+    base = ["--defense", f"{user_file}:make", "--attacks", "quick", "--attack-opt", "steps=1", "--no-escalate"]
+    runs = {}
+    for name, extra in {"seed0": ["--n", "6", "--seed", "0"], "seed1": ["--n", "6", "--seed", "1"],
+                        "kept": ["--n", "6", "--seed", "1", "--sample-seed", "0"],
+                        "listed": ["--indices", "7,3,11", "--seed", "1"]}.items():
+        code, _, err = _run([*base, *extra, "--run-id", name], tiny_data_root, tmp_path, capsys)
+        assert code == 0, err
+        runs[name] = images(tmp_path / name)
+    assert runs["seed0"] != runs["seed1"] and runs["kept"] == runs["seed0"]  # --sample-seed keeps the images
+    assert runs["listed"] == [3, 7, 11] and read_config(tmp_path / "listed" / "config.toml").indices == [3, 7, 11]
+    (tmp_path / "few.txt").write_text("3\n7, 11\n")
+    code, _, err = _run([*base, "--indices", str(tmp_path / "few.txt"), "--seed", "1"], tiny_data_root,
+                        tmp_path / "file", capsys)
+    assert code == 0, err
+    (run_dir,) = list((tmp_path / "file").iterdir())
+    assert images(run_dir) == [3, 7, 11]
+    for bad, message in ((["--indices", "3,3"], "more than once"), (["--indices", "999999"], "outside the test split"),
+                         (["--indices", "1,2", "--n", "3"], "disagrees")):
+        code, _, err = _run([*base, *bad], tiny_data_root, tmp_path / "bad", capsys)
+        assert code == 2 and message in err and err.count("\n") == 1, err

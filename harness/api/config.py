@@ -29,7 +29,7 @@ NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id"
                      "escalations")
 # fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
 # otherwise, so older run ids stay valid
-LATER_FIELDS: dict[str, Any] = {"until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
+LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
                                 "compile": False, "module_mode": None, "probe_gradients": True}
 
 
@@ -43,6 +43,9 @@ class RunConfig:
     download: bool = False
     n: int | str = "all"
     seed: int = 0
+    # which test images: the dataset indices given (None: a choice of n drawn with sample_seed, else with seed)
+    indices: list[int] | None = None
+    sample_seed: int | None = None
     eps: float = 8 / 255
     norm: str = "Linf"
     grad: str | None = None  # None: not given (harness.battery.resolve decides per attack; default full)
@@ -76,6 +79,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_values(vars(self), source="RunConfig")
+        if self.indices is not None:  # a set of images: one order, so one run id
+            self.indices = sorted(self.indices)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -96,6 +101,7 @@ FIELD_NAMES = {f.name for f in dataclasses.fields(RunConfig)}
 RULES: dict[str, Rule] = {
     "eps": Rule(low=0),
     "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.api._seeding keeps the run seed's low 32 bits
+    "sample_seed": Rule(low=0, high=2 ** 32 - 1),
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
     "norm": Rule(choices=("Linf", "L2", "L1")),

@@ -9,6 +9,7 @@ anything else with its type and a hint to rerun with ``-v``, which prints the fu
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import pkgutil
@@ -42,9 +43,32 @@ def error_line(exc: BaseException) -> str:
     return f"{text} (run with -v for the traceback)"
 
 
+def _subcommand_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (innermost) subcommand parser ``args`` came from, e.g. ``harness train ddpm``'s."""
+    for action in parser._actions:  # argparse keeps no public map of its subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen in action.choices:
+                return _subcommand_parser(action.choices[chosen], args)
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; an unknown option is reported by the subcommand it was given to, with its usage and the
+    closest options it has (argparse alone reports it at the top level, with the top-level usage)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = _subcommand_parser(parser, args)
+        known = [o for a in sub._actions for o in a.option_strings]
+        hints = sorted({m for e in extra if e.startswith("-")
+                        for m in difflib.get_close_matches(e.split("=")[0], known, n=2)})
+        sub.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
     except SystemExit as exc:  # argparse has printed usage and the error (or the help)
         return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(level=logging.WARNING - 10 * args.verbose, format="%(levelname)s %(name)s: %(message)s")

@@ -11,7 +11,7 @@ from typing import Any
 from harness.api.config import FLAGS, RULES, RunConfig
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
 from harness.errors import UsageError
-from harness.sources.datasets import DATASETS
+from harness.sources.datasets import DATASETS, parse_indices
 
 DEFENSE_HELP = "registered name (see `harness list defenses`), file.py:factory or module:factory"
 DATA_ROOT_HELP = "data directory [$HARNESS_DATA, else ~/.cache/harness/data]"
@@ -25,7 +25,11 @@ RUN_HELP: dict[str, str] = {
     "attack_opts": "attack option for every attack, or for one with ATTACK.KEY (repeatable), e.g. --attack-opt "
                    "pgd.steps=50",
     "n": "number of test samples (a seeded random subset), or 'all'",
-    "seed": "run seed: sample choice, attack and defense randomness",
+    "seed": "run seed: attack and defense randomness, and the sample choice unless --sample-seed or --indices",
+    "sample_seed": "seed of the choice of --n test images alone, so the images can stay while --seed changes "
+                   "[default: --seed]",
+    "indices": "the test images: dataset indices as a list (0,5,17) or a file of them (commas, spaces or "
+               "newlines) [default: --n images drawn with the sample seed]",
     "dataset": "",
     "data_root": "data directory [default: $HARNESS_DATA, else ~/.cache/harness/data]",
     "download": "let torchvision download the dataset if missing",
@@ -61,8 +65,16 @@ RUN_HELP: dict[str, str] = {
              "difference to --against RUN excludes 0) [default: evaluate all --n]",
     "against": "run directory that --until decided compares with (same --n, --seed and --until order)",
 }
-_TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str}  # parsed further than their annotation says
-_METAVARS = {"defense_opts": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN"}
+def _indices(text: str) -> list[int]:
+    try:
+        return parse_indices(text)
+    except UsageError as exc:  # argparse shows only an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--indices ")) from None
+
+
+_TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str, "indices": _indices}  # parsed further than their annotation says
+_METAVARS = {"defense_opts": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN",
+             "indices": "FILE|LIST"}
 
 
 def _base_type(hint: Any) -> Any:

@@ -48,7 +48,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
                          f"{data.num_classes}; pick a matching --dataset or classifier")
     for warning in config_warnings(cfg, defense.trained_on):
         log.warning(warning)
-    indices = select_indices(len(data), cfg.n, cfg.seed)
+    indices = select_indices(len(data), cfg.n, cfg.seed if cfg.sample_seed is None else cfg.sample_seed, cfg.indices)
     shared = defense.fitted_on.overlap(cfg.dataset, "test", indices) if defense.fitted_on is not None else []
     if shared:
         example = ", ".join(map(str, shared[:3])) + (", ..." if len(shared) > 3 else "")

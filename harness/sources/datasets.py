@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -183,16 +183,46 @@ def check_arrays(x: np.ndarray, y: np.ndarray, info: DatasetInfo, source: str) -
     return x, y.astype(np.int64, copy=False)
 
 
+def _given_indices(total: int, n: int | str | None, given: Sequence[int]) -> list[int]:
+    chosen = sorted(int(i) for i in given)
+    if not chosen:
+        raise UsageError("--indices names no test image; give dataset indices such as 0,5,17 or a file of them")
+    bad = [i for i in chosen if not 0 <= i < total]
+    if bad:
+        raise UsageError(f"--indices {bad[0]} is outside the test split (indices 0 to {total - 1})")
+    repeated = sorted({i for i, j in zip(chosen, chosen[1:]) if i == j})
+    if repeated:
+        raise UsageError(f"--indices names test image {repeated[0]} more than once; each image counts once")
+    if n not in (None, "all") and int(n) != len(chosen):
+        raise UsageError(f"--n {n} disagrees with the {len(chosen)} images --indices names; give one of them")
+    return chosen
+
+
+def parse_indices(text: str) -> list[int]:
+    """``--indices``: a file of dataset indices (integers separated by commas, spaces or newlines) or such a list."""
+    path = Path(text).expanduser()
+    body = path.read_text() if path.is_file() else text
+    try:
+        return [int(tok) for tok in body.replace(",", " ").split()]
+    except ValueError:
+        where = f"file {str(path)!r}" if path.is_file() else repr(text)
+        raise UsageError(f"--indices {where}: expected dataset indices separated by commas, spaces or newlines "
+                         "(e.g. 0,5,17), or a file holding them") from None
+
+
 def load_test_set(name: str = "cifar10", data_root: str | os.PathLike | None = None, download: bool = False) -> TestSet:
     """The test split of ``name`` (what every evaluation uses)."""
     return load_split(name, "test", data_root, download)
 
 
-def select_indices(total: int, n: int | str = "all", seed: int = 0) -> list[int]:
-    """A deterministic, sorted choice of ``n`` test indices (``"all"``: the whole split).
+def select_indices(total: int, n: int | str = "all", seed: int = 0, given: Sequence[int] | None = None) -> list[int]:
+    """A deterministic, sorted choice of ``n`` test indices (``"all"``: the whole split), or the ``given`` ones
+    (sorted; each in range and named once; ``n`` then must be ``"all"`` or their number).
 
-    The same ``(total, n, seed)`` always gives the same list; it is recorded in the run config.
+    The same ``(total, n, seed)`` always gives the same list; it is recorded in the run's provenance.
     """
+    if given is not None:
+        return _given_indices(total, n, given)
     if n == "all" or n is None:
         return list(range(total))
     try:
