@@ -33,7 +33,8 @@ from harness import runner  # noqa: E402
 from harness.api.config import RunConfig  # noqa: E402
 from harness.api.defense import create_defense  # noqa: E402
 from harness.api.evaluation import evaluate  # noqa: E402
-from harness.sources.datasets import load_test_set, select_indices  # noqa: E402
+from harness.sources.catalog import select_indices
+from harness.sources.datasets import load_test_set  # noqa: E402
 from harness.stats.scoring import worst_case  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 

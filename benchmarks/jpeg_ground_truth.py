@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import harness.defenses  # noqa: E402,F401  (registers jpeg)
 from harness.api.defense import Defense, create_defense  # noqa: E402
-from harness.sources.datasets import load_test_set, select_indices  # noqa: E402
+from harness.sources.catalog import select_indices
+from harness.sources.datasets import load_test_set  # noqa: E402
 
 EPS = 8 / 255
 BALL_TOLERANCE = 1e-6  # float slack allowed on the ε-ball and [0, 1] checks

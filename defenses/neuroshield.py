@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from harness.api.defense import DataUse, Defense, register_defense
 from harness.errors import UsageError
-from harness.sources.datasets import load_split, select_indices
+from harness.sources.catalog import select_indices
+from harness.sources.datasets import load_split
 from harness.training.adversarial import perturb
 from harness.training.recipe import step_generator
 

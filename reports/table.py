@@ -196,7 +196,7 @@ def columns_note(table: Table) -> str:
 
 def planning_note(table: Table, half_width: float = 0.01) -> str:
     """How many samples a ±1-point interval needs at each row's worst-case accuracy."""
-    from harness.sources.datasets import DATASETS
+    from harness.sources.catalog import DATASETS
     from harness.stats.planning import n_for_half_width, wilson_half_width
 
     parts = []

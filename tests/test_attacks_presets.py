@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from harness.attacks import list_attacks
-from harness.battery.presets import list_presets, preset_dirs, resolve_battery
+from harness.battery.catalog import list_presets, preset_dirs
+from harness.battery.presets import resolve_battery
 from harness.battery.resolve import resolve
 
 PRESETS = ("quick", "standard", "adaptive", "full", "rand")

@@ -5,7 +5,9 @@ import pytest
 
 from harness.api._seeding import derive_seed
 from harness.api.config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
-from harness.battery.presets import AttackSpec, list_presets, resolve_battery
+from harness.battery.catalog import list_presets
+from harness.battery.presets import resolve_battery
+from harness.battery.spec import AttackSpec
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 import torchvision
 
 from harness.sources import datasets as data
-from harness.sources.datasets import load_test_set, resolve_root, select_indices
+from harness.sources.catalog import select_indices
+from harness.sources.datasets import load_test_set, resolve_root
 
 
 def test_root_resolution_order(monkeypatch, tmp_path):

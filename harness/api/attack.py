@@ -16,7 +16,7 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 from torch import Tensor
 
-from harness.api.defense import GRAD_MODES
+from harness.api.gradmodes import GRAD_MODES
 from harness.api.registry import Registry
 from harness.api.target import Target
 from harness.api.threat import NORMS, Norm, project_ball  # noqa: F401  (the threat model defines norms and projection)

@@ -19,10 +19,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 import tomli_w
 
-from harness.api.defense import GRAD_MODES
+from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
-from harness.sources.datasets import DATASETS
+from harness.sources.catalog import DATASETS
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id", "data_root", "download",

@@ -14,16 +14,14 @@ purifier (the gradient mode), so every attack works on every defense:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import torch
 from torch import Tensor, nn
 
 from harness.api._validation import check_purified
+from harness.api.gradmodes import GRAD_MODES, GradMode
 from harness.api.registry import Registry
-
-GradMode = Literal["full", "bpda", "surrogate"]
-GRAD_MODES: tuple[str, ...] = ("full", "bpda", "surrogate")
 
 
 def straight_through(forward_value: Tensor, backward_path: Tensor) -> Tensor:

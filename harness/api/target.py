@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from harness.api._validation import check_logits
-from harness.api.defense import GRAD_MODES, Defense, GradMode
+from harness.api.defense import Defense
 from harness.api.evaluation import predictions
+from harness.api.gradmodes import GRAD_MODES, GradMode
 from harness.api.losses import LossFn
 from harness.api.passes import PassCount, counting
 from harness.api.threat import ThreatModel

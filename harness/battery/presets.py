@@ -4,49 +4,16 @@ default is ``rand`` (AutoAttack's configuration for randomized defenses: APGD-CE
 EOT) for a stochastic defense and ``standard`` otherwise (:func:`default_preset`)."""
 from __future__ import annotations
 
-import importlib.resources
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from harness.api.attack import ATTACKS
 from harness.api.config import load_toml
+from harness.battery.catalog import preset_path, list_presets, preset_dirs
 from harness.battery.spec import AttackSpec
 from harness.errors import MissingInputError, UsageError
 
 ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.diagnostics.escalation)
-
-PRESET_GROUP = "harness.presets"  # entry-point group: packages whose *.toml files are presets
-
-
-def preset_dirs() -> list[Path]:
-    """The folders holding battery presets: one per package named in the entry-point group ``harness.presets``
-    (the built-in ones are ``harness.presets``, installed from the repository's ``presets/``)."""
-    return [Path(str(importlib.resources.files(ep.module))) for ep in entry_points(group=PRESET_GROUP)]
-
-
-def _preset_path(name: str, directories: list[Path]) -> Path | None:
-    return next((d / f"{name}.toml" for d in directories if (d / f"{name}.toml").is_file()), None)
-
-
-def default_preset(stochastic: bool) -> str:
-    """The battery used when none is named: ``rand`` for a stochastic defense, else ``standard``."""
-    return "rand" if stochastic else "standard"
-
-
-def list_presets(directory: Path | None = None) -> dict[str, str]:
-    """Preset name -> description for every preset (of ``directory``, else of :func:`preset_dirs`; the first
-    folder naming a preset wins)."""
-    out: dict[str, str] = {}
-    for path in sorted(p for d in ([directory] if directory else preset_dirs()) for p in d.glob("*.toml")):
-        if path.stem in out:
-            continue
-        try:
-            out[path.stem] = str(load_toml(path).get("description", ""))
-        except (ValueError, FileNotFoundError) as exc:
-            out[path.stem] = f"(invalid: {exc})"
-    return out
-
 
 def load_preset_file(path: Path) -> list[AttackSpec]:
     data = load_toml(path)
@@ -76,7 +43,7 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
             raise MissingInputError(f"battery file {attacks!r} does not exist; --attacks accepts a preset "
                                     f"({', '.join(list_presets(preset_dir))}), a TOML file, or attack names separated by commas")
         specs = load_preset_file(path)
-    elif (preset := _preset_path(attacks, directories)) is not None:
+    elif (preset := preset_path(attacks, directories)) is not None:
         specs = load_preset_file(preset)
     else:
         specs = []

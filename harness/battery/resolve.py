@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.api.attack import Attack
-from harness.api.defense import GRAD_MODES, Defense
+from harness.api.defense import Defense
+from harness.api.gradmodes import GRAD_MODES
 from harness.api.target import Target
 from harness.battery.spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
 from harness.errors import UsageError

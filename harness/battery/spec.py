@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.api.attack import ATTACKS, Attack
-from harness.api.defense import GRAD_MODES
+from harness.api.gradmodes import GRAD_MODES
 from harness.errors import HarnessError, UsageError, one_line, user_frame
 
 RESOLVER_OPTIONS = ("grad", "eot")  # per-attack options read by the resolver, never passed to the attack

@@ -30,7 +30,8 @@ from harness.certify.smoothing import certify
 from harness.errors import ConfigError
 from harness.progress import get_logger, progress_bar
 from harness.run._acceleration import resolve_device
-from harness.sources.datasets import load_test_set, select_indices
+from harness.sources.catalog import select_indices
+from harness.sources.datasets import load_test_set
 from harness.store import fingerprint
 from harness.store._machine import hardware, load_average
 from harness.store.rundir import Plan, RunKind, RunStore, check_format, validate_run_id

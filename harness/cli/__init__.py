@@ -1,6 +1,8 @@
 """The ``harness`` command. Each subcommand lives in its own module in this package and
-exposes ``add_parser(subparsers)``; the parser it adds sets ``func(args) -> int``.
-Modules are discovered automatically, so a new subcommand needs no edit here.
+exposes ``COMMAND``, its one-line ``HELP`` and ``add_parser(subparsers)``; the parser it adds sets
+``func(args) -> int``. Modules are discovered automatically, so a new subcommand needs no edit here. Only the
+subcommand being run builds its parser (the others are listed by name and help), and a module imports what
+its command needs inside ``add_parser`` and its functions, so a command starts without what the others need.
 
 Errors end in one line on stderr (exit status 2): a :class:`~harness.errors.HarnessError` as its
 message; an exception raised in the user's own file (a factory, a plugin) with that file and line;
@@ -19,16 +21,29 @@ from typing import Sequence
 
 from harness.errors import HarnessError, one_line, user_frame
 
+EVERY = "*"  # build_parser: build every subcommand's parser (for the docs and their tests)
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = EVERY) -> argparse.ArgumentParser:
+    """The ``harness`` parser with ``command``'s subparser built in full (:data:`EVERY`: all of them; None: none)
+    and the other subcommands listed by name and help."""
     parser = argparse.ArgumentParser(prog="harness", description="Adaptive-attack robustness evaluation with confidence intervals.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(module, "add_parser"):
+        if not hasattr(module, "add_parser"):
+            continue
+        if command in (EVERY, module.COMMAND):
             module.add_parser(sub)
+        else:
+            sub.add_parser(module.COMMAND, help=module.HELP)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top level's only is ``-v``)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def error_line(exc: BaseException) -> str:
@@ -68,7 +83,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = parse(build_parser(), argv)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = parse(build_parser(_command(argv)), argv)
     except SystemExit as exc:  # argparse has printed usage and the error (or the help)
         return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(level=logging.WARNING - 10 * args.verbose, format="%(levelname)s %(name)s: %(message)s")

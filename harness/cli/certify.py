@@ -16,8 +16,11 @@ from harness.progress import setup_logging
 SIGMA = arg_type(float, Rule(low=0, low_open=True))
 
 
+COMMAND = "certify"
+HELP = "certify a defense (as the base classifier) with randomized smoothing"
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("certify", help="certify a defense (as the base classifier) with randomized smoothing",
+    p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Randomized-smoothing CERTIFY (Cohen et al. 2019) over a seeded subset of the "
                                           "test split, any defense as the base classifier; per-sample records go to "
                                           "OUT/RUN_ID/ (resumable). `harness report` gives certified accuracy at radii.")

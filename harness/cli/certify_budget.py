@@ -19,8 +19,11 @@ SIGMA = arg_type(float, Rule(low=0, low_open=True))
 RADIUS = arg_type(float, Rule(low=0))
 
 
+COMMAND = "certify-budget"
+HELP = "largest radius randomized smoothing can certify with N samples"
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("certify-budget", help="largest radius randomized smoothing can certify with N samples",
+    p = subparsers.add_parser(COMMAND, help=HELP,
                               description="The largest L2 radius that randomized smoothing's CERTIFY (Cohen et al. "
                                           "2019) can return with N noise samples at level alpha, for any classifier, "
                                           "and for each claimed radius the smallest N that could certify it. "

@@ -12,9 +12,11 @@ from harness.cli.argtypes import COUNT, FRACTION, PERCENT
 from harness.cli.options import add_statistics_options
 from harness.errors import UsageError
 
+COMMAND = "claim"
+HELP = "check whether a published accuracy difference is supported by its n"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("claim", help="check whether a published accuracy difference is supported by its n",
+    p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Check a published claim 'A beats B' from the two accuracies (in %) and "
                                           "the number of test samples. No run needed.")
     p.add_argument("--a", type=PERCENT, required=True, help="accuracy of A in percent (e.g. 62.13)")

@@ -10,9 +10,11 @@ from pathlib import Path
 from harness.cli.options import add_statistics_options
 from harness.stats.scoring import Criterion
 
+COMMAND = "compare"
+HELP = "paired comparison of two runs (difference, interval, McNemar p)"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("compare", help="paired comparison of two runs (difference, interval, McNemar p)",
+    p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Compare two runs on the same samples: paired bootstrap interval of the "
                                           "accuracy difference and the exact McNemar test. Runs with different "
                                           "attack budgets are refused unless --allow-mismatch.")

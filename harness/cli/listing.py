@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+COMMAND = "list"
+HELP = "list registered defenses, attacks or battery presets"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="list registered defenses, attacks or battery presets",
+    p = sub.add_parser(COMMAND, help=HELP,
                        description="List what --defense and --attacks accept.")
     p.add_argument("what", choices=["defenses", "attacks", "presets"])
     p.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'apgd*'")
@@ -27,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         import fnmatch
 
-        from harness.battery.presets import list_presets
+        from harness.battery.catalog import list_presets
         rows = [(n, d) for n, d in list_presets().items() if fnmatch.fnmatch(n, args.pattern)]
     width = max((len(n) for n, _ in rows), default=0)
     for name, doc in rows:

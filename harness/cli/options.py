@@ -11,7 +11,7 @@ from typing import Any
 from harness.api.config import FLAGS, RULES, RunConfig
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
 from harness.errors import UsageError
-from harness.sources.datasets import DATASETS, parse_indices
+from harness.sources.catalog import DATASETS, parse_indices
 
 DEFENSE_HELP = "registered name (see `harness list defenses`), file.py:factory or module:factory"
 DATA_ROOT_HELP = "data directory [$HARNESS_DATA, else ~/.cache/harness/data]"

@@ -12,9 +12,11 @@ from harness.cli.argtypes import FRACTION, PERCENT, POINTS
 from harness.cli.options import add_statistics_options
 from harness.errors import UsageError
 
+COMMAND = "plan"
+HELP = "sample sizes for a target interval width or a detectable difference"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="sample sizes for a target interval width or a detectable difference",
+    p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Sample-size planner. Accuracies and widths are in percentage points.")
     p.add_argument("--accuracy", type=PERCENT, help="expected accuracy in percent, for --half-width")
     p.add_argument("--half-width", type=POINTS, help="target 95%% interval half-width in points (e.g. 1 for ±1)")

@@ -9,11 +9,13 @@ from harness.errors import UsageError
 from harness.stats.scoring import Criterion
 from harness.store.rundir import RunKind, check_format
 
+COMMAND = "report"
+HELP = "table of clean/robust accuracy with 95%% intervals from run directories"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from harness.reports import FORMATS
 
-    p = subparsers.add_parser("report", help="table of clean/robust accuracy with 95%% intervals from run directories",
+    p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Combine run directories into one table: a row per defense, a column per "
                                           "attack plus the worst case, each with its 95% interval (BCa bootstrap where the data resolve both tails, else exact Clopper-Pearson) and the Wilson interval.")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directory (runs/<run-id>)")

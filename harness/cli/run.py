@@ -12,11 +12,13 @@ from harness.errors import UsageError
 from harness.progress import setup_logging
 from harness.store.status import completeness
 
+COMMAND = "run"
+HELP = "evaluate a defense with an attack battery"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from harness.reports import FORMATS as REPORT_FORMATS
 
-    p = sub.add_parser("run", help="evaluate a defense with an attack battery",
+    p = sub.add_parser(COMMAND, help=HELP,
                        description="Evaluate a defense with an attack battery; results go to OUT/RUN_ID/. "
                                    "Flags override values from --config. Running the same command again resumes.")
     p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the options below (keys as in config.toml)")

@@ -13,15 +13,22 @@ import os
 import shlex
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.api.registry import RegistryError
-from harness.training.recipe import Recipe, get_recipe, recipe_names
+
+if TYPE_CHECKING:
+    from harness.training.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
+COMMAND = "train"
+HELP = "train the models defenses need (adversarial training, smoothing, DDPM, ViT, MAE; resumable)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("train", help="train models used by defenses (adversarial training, A3, the AMRM-Pure MAE)",
+    from harness.training.recipe import get_recipe, recipe_names
+
+    p = subparsers.add_parser(COMMAND, help=HELP,
                               description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="model", metavar="RECIPE", required=True)
     for name in recipe_names():
@@ -109,8 +116,9 @@ def reference() -> str:
     """The ``harness train`` section of ``docs/cli.md``, from the recipes' own parsers (``python -m
     harness.cli.train`` prints it; the tests check the docs hold it): the options every recipe shares, then each
     recipe's own."""
+    from harness.training.recipe import add_data_arguments, add_loop_arguments, get_recipe, recipe_names
+
     shared = argparse.ArgumentParser(prog="harness train RECIPE", add_help=False)
-    from harness.training.recipe import add_data_arguments, add_loop_arguments
 
     add_data_arguments(shared)
     add_loop_arguments(shared, log_every=0, checkpoint_every=0)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from harness.api.defense import GRAD_MODES, Defense, GradMode
+from harness.api.defense import Defense
+from harness.api.gradmodes import GRAD_MODES, GradMode
 
 if TYPE_CHECKING:
     from harness.api.target import Target

@@ -15,8 +15,10 @@ import torch
 
 from harness.api.config import RunConfig, check_values, config_warnings
 from harness.api.defense import Defense, create_defense
-from harness.battery.presets import AttackSpec, default_preset, resolve_battery
+from harness.battery.catalog import default_preset
+from harness.battery.presets import resolve_battery
 from harness.battery.resolve import check_battery
+from harness.battery.spec import AttackSpec
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.errors import UsageError
 from harness.progress import get_logger
@@ -24,7 +26,8 @@ from harness.run._placement import place_and_check
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
 from harness.run.shards import RunShards
-from harness.sources.datasets import TestSet, load_test_set, select_indices
+from harness.sources.catalog import select_indices
+from harness.sources.datasets import TestSet, load_test_set
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
 from harness.store.rundir import Plan, RunStore, load_provenance, load_records, make_run_id, validate_run_id

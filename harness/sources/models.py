@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from harness.errors import MissingInputError, SetupError, UsageError
-from harness.sources.datasets import DATASETS
+from harness.sources.catalog import DATASETS
 
 PYAUTOATTACK_RESNET18 = "autoattack-resnet18"
 ROBUSTBENCH_THREAT_MODELS = ("Linf", "L2", "corruptions")

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -37,6 +38,8 @@ def load_average() -> float | None:
 
 def hardware(device: torch.device) -> dict[str, Any]:
     """The processor, logical CPUs, torch threads and device (and the GPU's name on CUDA)."""
+    import torch
+
     info: dict[str, Any] = {"machine": platform.machine(), "processor": processor_name(),
                             "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "device": str(device)}
     if device.type == "cuda":

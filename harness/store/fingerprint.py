@@ -14,16 +14,22 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from torch import nn
 
 # packages whose version can change a result (attacks, models, data decoding)
 RESULT_PACKAGES = ("torch", "torchvision", "pyautoattack", "torchattacks", "robustness-harness")
-# source files under these packages are covered by the package version or harness commit instead
-_VERSIONED_ROOTS = tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, __import__("harness")))
+
+
+def _versioned_roots() -> tuple[str, ...]:
+    """Source files under these packages are covered by the package version or harness commit instead."""
+    import torch
+
+    return tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, __import__("harness")))
 
 # field name -> how a mismatch is named to the user
 LABELS = {"defense_source": "defense source", "defense_weights": "defense weights (parameters and buffers)",
@@ -93,7 +99,7 @@ def defense_source_files(spec: str, defense: nn.Module) -> list[Path]:
             continue
         if source:
             files.add(Path(source).resolve())
-    return sorted(p for p in files if p.is_file() and not str(p).startswith(_VERSIONED_ROOTS))
+    return sorted(p for p in files if p.is_file() and not str(p).startswith(_versioned_roots()))
 
 
 def _spec_file(spec: str) -> Path | None:
@@ -125,6 +131,8 @@ def hash_file(path: Path) -> str:
 
 def hash_state(module: nn.Module) -> str:
     """Hash of every parameter and buffer (names, dtypes, shapes and values)."""
+    import torch
+
     digest = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
         if not isinstance(tensor, torch.Tensor):

@@ -36,7 +36,6 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from harness import atomic
 from harness.api.config import RunConfig, read_config, write_config
@@ -217,6 +216,8 @@ class RunStore:
         self.records_dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind.value})
         write_config(cfg, cfg_path)
+        import torch  # only runs that compute import torch: reading a run directory does not
+
         commit, dirty = git_commit(), git_dirty()
         # One entry per start (a resume, or each --shard-slice job): the top-level fields describe the latest
         # start only, so threads, device or machine that changed between starts stay visible here.
@@ -297,6 +298,8 @@ class RunStore:
         check_codes(side.get("diagnostics", []), source=str(self.shard_path(shard, ".json")))
         _write_json(self.shard_path(shard, ".json"), side)
         if adversarials is not None:
+            import torch
+
             with atomic.atomic_path(self.adv_dir / f"shard-{shard:05d}.pt") as tmp:
                 torch.save(adversarials, tmp)
         table = pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
@@ -304,6 +307,8 @@ class RunStore:
             pq.write_table(table, tmp, compression="zstd")  # records are committed: small beats fast here
 
     def read_adversarials(self, shard: int) -> dict[str, Any] | None:
+        import torch
+
         path = self.adv_dir / f"shard-{shard:05d}.pt"
         return torch.load(path, weights_only=True) if path.is_file() else None
 
