@@ -87,10 +87,10 @@ def test_plugin_import_error_names_the_line(tmp_path, tiny_data_root, capsys):
 def test_internal_error_is_one_line_with_the_verbose_hint(monkeypatch, capsys):
     import functools
 
-    from harness.battery import presets
+    from harness.battery import catalog
 
     # a KeyError raised by harness code itself (no user frame): the lookup runs in a builtin, not in this file
-    monkeypatch.setattr(presets, "list_presets", functools.partial(dict.__getitem__, {}, "internal"))
+    monkeypatch.setattr(catalog, "list_presets", functools.partial(dict.__getitem__, {}, "internal"))
     line = _one_line_error(*_main(["list", "presets"], capsys)[::2])
     assert "KeyError: 'internal'" in line and "run with -v for the traceback" in line
 

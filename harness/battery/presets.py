@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.api.attack import ATTACKS
 from harness.api.config import load_toml
-from harness.battery.catalog import preset_path, list_presets, preset_dirs
+from harness.battery.catalog import list_presets, preset_dirs, preset_path
 from harness.battery.spec import AttackSpec
 from harness.errors import MissingInputError, UsageError
 
