@@ -36,6 +36,15 @@ class RunData:
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def name(self) -> str:
+        """How tables label the run: a registered defense by its registry name, a user's factory
+        (``file.py:make``, ``package.module:make``) by the name its ``Defense(name=...)`` declared."""
+        if ":" not in self.defense:
+            return self.defense
+        declared = (self.provenance.get("defense") or {}).get("name")
+        return str(declared) if declared else self.defense
+
+    @property
     def partial(self) -> bool:
         return self.completeness is not None and not self.completeness.complete
 

@@ -103,7 +103,7 @@ def eps_points(table: Table) -> dict[str, list[tuple[float, float]]]:
             eps, norm = budget.get("eps"), budget.get("norm", "")
             if not isinstance(eps, (int, float)) or attack not in row.cells:
                 continue
-            key = f"{row.run.defense} ({norm})" if norm else row.run.defense
+            key = f"{row.run.name} ({norm})" if norm else row.run.name
             acc = row.cells[attack].accuracy
             slot = points.setdefault(key, {})
             slot[float(eps)] = min(acc, slot.get(float(eps), 1.0))

@@ -129,7 +129,7 @@ def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
     else:
         cells = {name: _cell(name, outcomes[name].to_numpy(), flags.get(name, []), bounds[name], s, cache)
                  for name in outcomes.columns}
-    return Row(run=run, label=label or run.defense, n=len(outcomes), draws=eval_draws(run.records), cells=cells,
+    return Row(run=run, label=label or run.name, n=len(outcomes), draws=eval_draws(run.records), cells=cells,
                outcomes=outcomes, budgets=budgets(run.records), cumulative=outcomes.attrs["cumulative"])
 
 
@@ -140,8 +140,8 @@ def build_table(run_dirs: list[Path] | list[RunData], settings: Settings | None 
     if not run_dirs:
         raise ValueError("give at least one run directory")
     runs = [r if isinstance(r, RunData) else load_run(r) for r in run_dirs]
-    names = [r.defense for r in runs]
-    labels = [f"{r.defense} ({r.run_id})" if names.count(r.defense) > 1 else r.defense for r in runs]
+    names = [r.name for r in runs]
+    labels = [f"{r.name} ({r.run_id})" if names.count(r.name) > 1 else r.name for r in runs]
     rows = [build_row(run, s, label) for run, label in zip(runs, labels)]
     columns: list[str] = ["clean"]
     for row in rows:

@@ -219,3 +219,13 @@ def test_the_images_can_be_chosen_apart_from_the_run_seed(user_file, tiny_data_r
                          (["--indices", "1,2", "--n", "3"], "disagrees")):
         code, _, err = _run([*base, *bad], tiny_data_root, tmp_path / "bad", capsys)
         assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_user_factory_is_labelled_by_the_name_its_defense_declares(user_file, tiny_data_root, tmp_path, capsys):
+    code, out, err = _run(["--defense", f"{user_file}:make", "--attacks", "quick", "--attack-opt", "steps=1", "--n", "8",
+                           "--no-escalate", "--run-id", "named"], tiny_data_root, tmp_path, capsys)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("| ")][1:]  # after the header
+    assert rows and rows[0].startswith("| squeeze-") and "make" not in rows[0]
+    assert main(["report", str(tmp_path / "named"), "--format", "csv"]) == 0
+    assert "my_defense.py" not in capsys.readouterr().out
