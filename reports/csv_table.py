@@ -1,5 +1,6 @@
-"""CSV table: one row per defense; per attack a text cell ``62.1 BCa[57.9, 66.3]`` and the numbers,
-the interval's method, whether the accuracy is only an upper bound, and the Wilson interval."""
+"""CSV table: one row per defense; per attack the accuracy as a number (percent), its interval's low and high end
+and method, whether it is only an upper bound, the Wilson interval, and the cell as the other formats write it
+(``62.1 BCa[57.9, 66.3]``): every number in a column of its own, for spreadsheets and plotting."""
 from __future__ import annotations
 
 import csv
@@ -7,12 +8,13 @@ import io
 
 from .table import Table, interval_text, pct
 
+FIELDS = ("", " low", " high", " method", " upper bound", " wilson low", " wilson high", " cell")
+
 
 def render_csv(table: Table) -> str:
     header = ["run", "defense", "dataset", "n", "criterion"]
     for c in table.columns:
-        header += [c, f"{c} low", f"{c} high", f"{c} method", f"{c} upper bound", f"{c} wilson low",
-                   f"{c} wilson high"]
+        header += [f"{c}{suffix}" for suffix in FIELDS]
     header.append("flags")
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -22,11 +24,11 @@ def render_csv(table: Table) -> str:
         for c in table.columns:
             cell = row.cells.get(c)
             if cell is None:
-                out += [""] * 7
+                out += [""] * len(FIELDS)
                 continue
             b, w = cell.interval, cell.wilson
-            out += [interval_text(b, cell.upper_bound), pct(b.low), pct(b.high), b.method,
-                    "yes" if cell.upper_bound else "no", pct(w.low) if w else "", pct(w.high) if w else ""]
+            out += [pct(b.estimate), pct(b.low), pct(b.high), b.method, "yes" if cell.upper_bound else "no",
+                    pct(w.low) if w else "", pct(w.high) if w else "", interval_text(b, cell.upper_bound)]
         out.append(";".join(row.flags))
         writer.writerow(out)
     return buf.getvalue()

@@ -227,3 +227,15 @@ def test_cascade_columns_are_cumulative_even_if_cascade_used_majority() -> None:
     assert out.attrs["cumulative"] and out["a1"].tolist() == [0, 0] and out["worst-case"].tolist() == [0, 0]
     assert outcome_table(recs, "all", cumulative=False)["a1"].tolist() == [1, 0]  # the attack alone
     assert outcome_table(recs, "majority")["a1"].tolist() == [1, 0]
+
+
+def test_csv_holds_every_number_in_a_numeric_column(runs: list[Path]) -> None:
+    import io
+
+    import pandas as pd
+
+    df = pd.read_csv(io.StringIO(render(runs, "csv", n_resamples=1_000)))
+    for col in ("clean", "clean low", "clean high", "worst-case", "worst-case wilson low"):
+        assert pd.api.types.is_float_dtype(df[col]), col
+    assert (df["worst-case low"] <= df["worst-case"]).all() and (df["worst-case"] <= df["worst-case high"]).all()
+    assert df["clean cell"].str.contains(r"\[").all()
