@@ -4,12 +4,15 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import importlib
 import json
 import re
 from pathlib import Path
 from typing import Callable
+
+from harness.errors import UsageError
 
 from .latex import escape as latex_escape
 from .load import RunData, load_run
@@ -35,8 +38,9 @@ def _renderer(fmt: str) -> Callable[[Table], str]:
 
 
 def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = "all", confidence: float = 0.95,
-           seed: int = 0, n_resamples: int = 10_000, partial: bool = False) -> str:
-    """Render the runs in ``run_dirs`` as one table in ``fmt`` (markdown, csv, latex, json, html).
+           seed: int = 0, n_resamples: int = 10_000, partial: bool = False, columns: list[str] | None = None) -> str:
+    """Render the runs in ``run_dirs`` as one table in ``fmt`` (markdown, csv, latex, json, html); ``columns``
+    chooses and orders the attack columns (``clean``, attack names, ``worst-case``; default all).
 
     Incomplete runs are refused unless ``partial``; then the output of every format says so (a first line,
     or for JSON ``"partial": true`` with ``n_done`` and ``n_planned`` in each run object).
@@ -44,7 +48,14 @@ def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = "all
     fn = _renderer(fmt)
     settings = Settings(criterion=criterion, confidence=confidence, seed=seed, n_resamples=n_resamples)
     runs = [load_run(Path(p), partial=partial) for p in run_dirs]
-    return label_partial(fn(build_table(runs, settings)), fmt, runs)
+    table = build_table(runs, settings)
+    if columns:
+        unknown = [c for c in columns if c not in table.columns]
+        if unknown:
+            raise UsageError(f"--columns {', '.join(unknown)}: no such column in these runs; they have "
+                             f"{', '.join(table.columns)}")
+        table = dataclasses.replace(table, columns=list(columns))
+    return label_partial(fn(table), fmt, runs)
 
 
 def partial_note(runs: list[RunData]) -> str | None:

@@ -1,8 +1,9 @@
-"""LaTeX table (booktabs): cells ``62.1 BCa[57.9, 66.3]`` with the Wilson interval in small type;
-a less-or-equal sign before an accuracy that is only an upper bound."""
+"""LaTeX table, compact and paper-ready: booktabs, one column per attack (``harness report --columns`` chooses
+them), each cell the accuracy with its one headline interval in small type (``62.1 {\\scriptsize BCa[57.9, 66.3]}``),
+a less-or-equal sign before an accuracy that is only an upper bound. The Wilson interval is in the other formats."""
 from __future__ import annotations
 
-from .table import Table, cell_text, columns_note, pct
+from .table import METHOD_TAGS, Table, columns_note, pct
 
 _ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
             "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "≤": r"$\le$"}
@@ -16,22 +17,21 @@ def _cell(table: Table, row, column: str) -> str:
     cell = row.cells.get(column)
     if cell is None:
         return "--"
-    text = cell_text(cell, with_wilson=False, le=r"$\le$")
-    if cell.wilson is not None:
-        text += rf" {{\scriptsize W[{pct(cell.wilson.low)}, {pct(cell.wilson.high)}]}}"
-    return text
+    b = cell.interval
+    value = (r"$\le$" if cell.upper_bound else "") + pct(b.estimate)
+    return rf"{value} {{\scriptsize {METHOD_TAGS.get(b.method, b.method)}[{pct(b.low)}, {pct(b.high)}]}}"
 
 
 def render_latex(table: Table) -> str:
     cols = ["Defense", "$n$", *[escape(c) for c in table.columns]]
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             r"\begin{tabular}{l r " + " ".join(["l"] * len(table.columns)) + "}", r"\toprule",
+             r"\begin{tabular}{l r " + " ".join(["r"] * len(table.columns)) + "}", r"\toprule",
              " & ".join(cols) + r" \\", r"\midrule"]
     for row in table.rows:
         name = escape(row.label) + (r"$^\dagger$" if row.flags else "")
         lines.append(" & ".join([name, str(row.n), *[_cell(table, row, c) for c in table.columns]]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    caption = escape(table.settings.describe() + " " + columns_note(table))
+    caption = escape(table.settings.describe(wilson=False) + " " + columns_note(table))
     flagged = [f"{escape(r.label)}: {escape(', '.join(r.flags))}" for r in table.rows if r.flags]
     if flagged:
         caption += r" $^\dagger$Flags: " + "; ".join(flagged) + "."

@@ -41,15 +41,16 @@ class Settings:
     seed: int = 0
     n_resamples: int = 10_000
 
-    def describe(self) -> str:
+    def describe(self, wilson: bool = True) -> str:
+        """The intervals and criterion in words (``wilson``: the cells also show the Wilson interval)."""
         pct = f"{self.confidence * 100:g}%"
         k = RESOLVABLE_TAIL
+        w = f"; W[low, high] = {pct} Wilson score interval" if wilson else ""
         return (f"Accuracy in % over n samples with a {pct} interval over samples: BCa[low, high] = BCa bootstrap "
                 f"({self.n_resamples:,} resamples, seed {self.seed}), used when at least {k} samples score above 0, "
                 f"{k} below 1 and {k} differ from the most common score; otherwise CP[low, high] = exact "
                 f"Clopper-Pearson interval, or for fractional scores CPb[low, high] = Clopper-Pearson bounds (lower "
-                f"end from the samples scoring 1, upper end from those scoring above 0); W[low, high] = {pct} Wilson "
-                f"score interval. A leading ≤ (flag {UPPER_BOUND_FLAG}) marks an upper bound: the records skipped a "
+                f"end from the samples scoring 1, upper end from those scoring above 0){w}. A leading ≤ (flag {UPPER_BOUND_FLAG}) marks an upper bound: the records skipped a "
                 f"sample that still had correct draws, so the worst case may be lower. Worst-case = per sample the "
                 f"lowest score over the clean stage and every attempted attack. "
                 f"Stochastic criterion: {CRITERION_TEXT[self.criterion]}.")

@@ -239,3 +239,15 @@ def test_csv_holds_every_number_in_a_numeric_column(runs: list[Path]) -> None:
         assert pd.api.types.is_float_dtype(df[col]), col
     assert (df["worst-case low"] <= df["worst-case"]).all() and (df["worst-case"] <= df["worst-case high"]).all()
     assert df["clean cell"].str.contains(r"\[").all()
+
+
+def test_latex_is_compact_and_columns_can_be_chosen(runs: list[Path]) -> None:
+    tex = render(runs, "latex", n_resamples=1_000, columns=["clean", "worst-case"])
+    body = [line for line in tex.splitlines() if line.endswith(r"\\") and not line.startswith("Defense")]
+    assert r"\toprule" in tex and r"\begin{tabular}{l r r r}" in tex and "W[" not in tex
+    assert all(line.count("[") == 2 for line in body)  # one interval in each of the two cells
+    assert "Defense & $n$ & clean & worst-case" in tex
+    csv_text = render(runs, "csv", n_resamples=1_000, columns=["worst-case", "clean"])
+    assert csv_text.splitlines()[0].split(",")[5:7] == ["worst-case", "worst-case low"]
+    with pytest.raises(ValueError, match="no such column in these runs; they have clean"):
+        render(runs, "markdown", n_resamples=1_000, columns=["nope"])

@@ -21,6 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directory (runs/<run-id>)")
     p.add_argument("--format", default="markdown", choices=FORMATS, help="output format (default markdown)")
     p.add_argument("--output", "-o", type=Path, help="write to FILE instead of standard output")
+    p.add_argument("--columns", metavar="C1,C2,...", help="attack runs: the columns to show, in this order (clean, "
+                                                        "attack names, worst-case) [all]")
     p.add_argument("--criterion", default="all", choices=[c.value for c in Criterion],
                    help="stochastic defenses: robust in all R draws (default), in the majority, or mean over draws")
     add_statistics_options(p)
@@ -47,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
     elif RunKind.CERTIFY in kinds:
         raise UsageError("report certification runs (`harness certify`) and attack runs (`harness run`) separately")
     else:
+        columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
         text = render(args.runs, args.format, criterion=args.criterion, confidence=args.confidence, seed=args.seed,
-                      n_resamples=args.resamples, partial=args.partial)
+                      n_resamples=args.resamples, partial=args.partial, columns=columns)
     if args.output:
         atomic.write_text(args.output, text)
         print(f"wrote {args.output}")
