@@ -11,7 +11,7 @@ from html import escape
 
 from .plots import convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
 from .stochastic_section import HEADER, NOTE, stochastic_cells, stochastic_rows
-from .table import Table, cell_text, columns_note, pct, planning_note
+from .table import FLAG_MARK, Table, cell_text, columns_note, flag_notes, flagged, pct, planning_note
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
 table{border-collapse:collapse;margin:1em 0}th,td{border-bottom:1px solid #ccc;padding:.3em .6em;text-align:left;white-space:nowrap}
@@ -44,7 +44,7 @@ def _table_html(table: Table) -> str:
         tds = [f"<td>{escape(row.label)}</td>", f"<td>{row.n}</td>"]
         for col in table.columns:
             cell = row.cells.get(col)
-            text = escape(cell_text(cell, with_wilson=False))
+            text = escape(cell_text(cell, with_wilson=False) + (f" {FLAG_MARK}" if flagged(cell) else ""))
             if cell is not None and cell.wilson is not None:
                 text += f'<br><span class="w">W[{pct(cell.wilson.low)}, {pct(cell.wilson.high)}]</span>'
             tds.append(f"<td>{text}</td>")
@@ -66,7 +66,9 @@ def _stochastic_html(table: Table) -> str:
 
 def render_html(table: Table) -> str:
     title = "Robustness report: " + ", ".join(r.run.run_id for r in table.rows)
-    parts = [f"<h1>{escape(title)}</h1>", _table_html(table), f"<p>{escape(table.settings.describe() + ' ' + columns_note(table))}</p>",
+    notes = "".join(f"<li>{escape(n)}</li>" for n in flag_notes(table))
+    parts = [f"<h1>{escape(title)}</h1>", _table_html(table), f'<ul class="flags">{notes}</ul>' if notes else "",
+             f"<p>{escape(table.settings.describe() + ' ' + columns_note(table))}</p>",
              f"<p>{escape(planning_note(table))}</p>", _stochastic_html(table), "<h2>Plots</h2>",
              _img(forest_plot(table), "forest plot",
                   "Accuracy with its headline interval (method as in the table) per defense and attack.")]

@@ -32,8 +32,12 @@ def run_object(row: Row, table: Table) -> dict[str, Any]:
                      "ci_method": iv.method, "n": iv.n, "flags": list(cell.flags), "upper_bound": cell.upper_bound,
                      "wilson_low": cell.wilson.low if cell.wilson else None,
                      "wilson_high": cell.wilson.high if cell.wilson else None})
+    from harness.api.flags import DOCS, EXPLANATIONS, FlagCode
+
+    explained = [{"code": code, "meaning": EXPLANATIONS[FlagCode(code)].meaning,
+                  "remedy": EXPLANATIONS[FlagCode(code)].remedy, "docs": f"{DOCS}#{code}"} for code in row.flags]
     return {"run": row.run.run_id, "defense": row.label, "dataset": row.run.dataset, "n": row.n,
-            "criterion": table.settings.criterion, "rows": rows}
+            "criterion": table.settings.criterion, "rows": rows, "flags": explained}
 
 
 def render_json(table: Table) -> str:

@@ -3,7 +3,7 @@ them), each cell the accuracy with its one headline interval in small type (``62
 a less-or-equal sign before an accuracy that is only an upper bound. The Wilson interval is in the other formats."""
 from __future__ import annotations
 
-from .table import METHOD_TAGS, Table, columns_note, pct
+from .table import METHOD_TAGS, Table, columns_note, flag_notes, pct
 
 _ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
             "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "≤": r"$\le$"}
@@ -36,4 +36,5 @@ def render_latex(table: Table) -> str:
     if flagged:
         caption += r" $^\dagger$Flags: " + "; ".join(flagged) + "."
     lines += [r"\caption{" + caption + "}", r"\end{table}"]
+    lines += [f"% {note}" for note in flag_notes(table)]  # for the author: what each flag means and what to do
     return "\n".join(lines) + "\n"

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 from .stochastic_section import stochastic_markdown
-from .table import Table, cell_text, columns_note, planning_note
+from .table import FLAG_MARK, Table, cell_text, columns_note, flag_notes, flagged, planning_note
 
 
 def render_markdown(table: Table) -> str:
     header = ["defense", "n", *table.columns, "flags"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for row in table.rows:
-        cells = [cell_text(row.cells.get(c)) for c in table.columns]
+        cells = [cell_text(row.cells.get(c)) + (f" {FLAG_MARK}" if flagged(row.cells.get(c)) else "")
+                 for c in table.columns]
         lines.append("| " + " | ".join([row.label, str(row.n), *cells, ", ".join(row.flags) or "-"]) + " |")
-    lines += ["", table.settings.describe() + " " + columns_note(table), "", planning_note(table)]
+    notes = flag_notes(table)
+    lines += [*([""] + [f"- {n}" for n in notes] if notes else []), "",
+              table.settings.describe() + " " + columns_note(table), "", planning_note(table)]
     extra = stochastic_markdown(table)
     return "\n".join(lines) + "\n" + ("\n" + extra if extra else "")

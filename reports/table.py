@@ -171,6 +171,30 @@ def cell_text(cell: Cell | None, with_wilson: bool = True, le: str = "≤") -> s
     return text
 
 
+FLAG_MARK = "⚑"  # after a cell some diagnostic flagged (an upper bound has its own ≤)
+
+
+def flagged(cell: Cell | None) -> bool:
+    """A flag other than ``upper-bound`` (which the cell shows as ≤) fired for this cell's attack."""
+    return cell is not None and any(f != UPPER_BOUND_FLAG for f in cell.flags)
+
+
+def flag_notes(table: Table) -> list[str]:
+    """One line per flag fired in the table: the rows it fired for, what it means for their numbers, what to do,
+    and its section of docs/flags.md (:data:`harness.api.flags.EXPLANATIONS`)."""
+    from harness.api.flags import EXPLANATIONS, FlagCode
+
+    rows_of: dict[str, list[str]] = {}
+    for row in table.rows:
+        for code in row.flags:
+            rows_of.setdefault(code, []).append(row.label)
+    lines = []
+    for code, labels in rows_of.items():
+        flag = FlagCode(code)
+        lines.append(f"{FLAG_MARK} {', '.join(labels)}: {EXPLANATIONS[flag].line(flag)}")
+    return lines
+
+
 def columns_note(table: Table) -> str:
     """What an attack column means for these rows (cascade: cumulative; --every-attack: alone)."""
     alone = [r.label for r in table.rows if not r.cumulative]

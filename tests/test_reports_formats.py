@@ -251,3 +251,28 @@ def test_latex_is_compact_and_columns_can_be_chosen(runs: list[Path]) -> None:
     assert csv_text.splitlines()[0].split(",")[5:7] == ["worst-case", "worst-case low"]
     with pytest.raises(ValueError, match="no such column in these runs; they have clean"):
         render(runs, "markdown", n_resamples=1_000, columns=["nope"])
+
+
+def test_every_fired_flag_is_explained_under_the_table_and_its_cells_are_marked(runs: list[Path]) -> None:
+    from harness.api.flags import EXPLANATIONS, FlagCode
+
+    md = render(runs, "markdown", n_resamples=1_000)
+    row_a = next(line for line in md.splitlines() if line.startswith("| none |"))
+    fired = json.loads(render(runs[:1], "json", n_resamples=1_000))["flags"]
+    assert fired and {f["code"] for f in fired} >= {"loss-flat", "non-finite-logit" + "s"}
+    for f in fired:
+        explanation = EXPLANATIONS[FlagCode(f["code"])]
+        assert f["meaning"] == explanation.meaning and f["docs"] == f"docs/flags.md#{f['code']}"
+        line = next(x for x in md.splitlines() if x.startswith("- ⚑ none: " + f["code"] + ":"))
+        assert explanation.meaning in line and explanation.remedy in line and f["docs"] in line
+    assert "⚑" in row_a and "⚑" not in next(c for c in row_a.split("|") if "90.6" in c)  # clean: no flag there
+    html = render(runs, "html", n_resamples=1_000)
+    assert '<ul class="flags">' in html and "What to do:" in html
+
+
+def test_every_flag_code_has_an_explanation_and_a_docs_section() -> None:
+    from harness.api.flags import EXPLANATIONS, FlagCode
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "flags.md").read_text()
+    assert set(EXPLANATIONS) == set(FlagCode)
+    assert all(f"## `{code.value}`" in docs for code in FlagCode)

@@ -6,6 +6,7 @@ back goes through :func:`parse_code`, which rejects an unknown code naming the f
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable
 
@@ -44,6 +45,87 @@ class FlagCode(str, Enum):
 # the flags that say the attack's gradients are useless (masked, zero, non-finite or ignoring the purifier)
 GRADIENT_FLAGS: frozenset[FlagCode] = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD, FlagCode.MASKING_LARGE_EPS,
                                                  FlagCode.BLACKBOX_BEATS_WHITEBOX, FlagCode.IDENTITY_JACOBIAN})
+
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a fired flag means for the number beside it, and what to do, in one line each (the long form, with
+    conditions and escalations, is the code's section of ``docs/flags.md``)."""
+    meaning: str
+    remedy: str
+
+    def line(self, code: FlagCode) -> str:
+        return f"{code.value}: {self.meaning} What to do: {self.remedy} ({DOCS}#{code.value})"
+
+
+DOCS = "docs/flags.md"
+EXPLANATIONS: dict[FlagCode, Explanation] = {
+    FlagCode.ACC_STILL_FALLING: Explanation(
+        "the attack was still breaking samples when it stopped, so the accuracy is an overestimate.",
+        "raise its steps or queries until the accuracy trace is flat."),
+    FlagCode.MASKING_LARGE_EPS: Explanation(
+        "unbounded gradient steps could not flip the probed samples: the gradients are masked and the bounded "
+        "attack's number says nothing.", "attack with BPDA+EOT or a surrogate gradient and gradient-free attacks."),
+    FlagCode.BLACKBOX_BEATS_WHITEBOX: Explanation(
+        "a gradient-free attack broke samples the gradient attacks left: the gradient attacks were not working.",
+        "use BPDA+EOT or a surrogate gradient; keep the gradient-free attacks."),
+    FlagCode.ZERO_GRAD: Explanation(
+        "the defense gives no gradient signal, so gradient attacks could not move.",
+        "use BPDA or a surrogate gradient, plus gradient-free attacks; remove a detach in your own code."),
+    FlagCode.NONFINITE_GRAD: Explanation(
+        "the attack's steps were computed from NaN/inf gradients; its result is meaningless.",
+        "fix the defense's numerics, or use BPDA or a surrogate."),
+    FlagCode.CE_VANISHING: Explanation(
+        "the softmax is saturated: cross-entropy gradients underflow.", "use a margin or DLR loss (APGD-DLR)."),
+    FlagCode.LOSS_FLAT: Explanation(
+        "the attack made no progress on its loss.", "check the gradients and the step size; try a margin or DLR loss."),
+    FlagCode.EOT_DISAGREE: Explanation(
+        "the gradient estimate is dominated by the defense's randomness.", "raise the attack's eot."),
+    FlagCode.IDENTITY_JACOBIAN: Explanation(
+        "the purifier's exact Jacobian is the identity, so full gradients ignore the purification.",
+        "use a surrogate gradient or BPDA+EOT, and attack the purifier's own objective (joint-rec)."),
+    FlagCode.NOISE_BEATS_ATTACK: Explanation(
+        "random noise did better than the optimized attack, so the attack is not working.",
+        "add gradient-free attacks and check the gradients and the step size."),
+    FlagCode.PROBABILITY_LOGITS: Explanation(
+        "the classifier returns probabilities, not logits, which weakens every gradient attack.",
+        "drop the final softmax."),
+    FlagCode.NON_FINITE_LOGITS: Explanation(
+        "the defense output NaN/inf for some inputs; those are never counted robust.", "fix the defense's numerics."),
+    FlagCode.THREAT_MODEL_VIOLATION: Explanation(
+        "the attack returned inputs outside the threat model; the harness projected them back, so the attack's "
+        "strength is unknown.", "fix the attack to project onto the ball and the bounds."),
+    FlagCode.TIED_LOGITS: Explanation(
+        "some inputs got a tie for the top logit; they count as wrong.", "return logits with a single top class."),
+    FlagCode.KEEPS_STATE: Explanation(
+        "the defense's answers depend on the inputs it saw before; every pass ran on a fresh instance.",
+        "make the defense a function of each input."),
+    FlagCode.WRITES_INPUT: Explanation(
+        "the defense edits its input tensor in place (harmless here: it gets copies).",
+        "use out-of-place operations."),
+    FlagCode.GRAD_CHANGES_OUTPUT: Explanation(
+        "the outputs differ with autograd on and off, so gradient attacks attacked another function: their numbers "
+        "are upper bounds.", "make the forward pass independent of torch.is_grad_enabled()."),
+    FlagCode.DEAD_GRADIENT_MODE: Explanation(
+        "a gradient mode gives no usable input gradient; attacks ran in the first live mode instead.",
+        "nothing needed; a differentiable surrogate (Defense(surrogate=...)) allows stronger attacks."),
+    FlagCode.NO_GRADIENT: Explanation(
+        "no gradient mode reaches the input: the verdict rests on gradient-free attacks.",
+        "give the defense a surrogate gradient, or read the numbers as gradient-free ones."),
+    FlagCode.MODULE_MODE: Explanation(
+        "modules handed over in training mode were evaluated in training mode (--module-mode train).",
+        "make sure that is the model you mean to evaluate."),
+    FlagCode.VERDICT_DISAGREES: Explanation(
+        "fresh instances of the defense answer otherwise than the one the attacks queried; the records hold the "
+        "conservative verdict.", "make the defense a function of each input."),
+    FlagCode.UPPER_BOUND: Explanation(
+        "a cascade skipped samples that still had correct draws, so the cell and those after it are upper bounds.",
+        "rerun with the current harness."),
+    FlagCode.STAGE_SKIPPED: Explanation(
+        "the stage was not run on some shards (its gradient mode was found dead); its column repeats the one before.",
+        "read the escalation columns, or run with --no-skip-dead-gradients."),
+}
 
 
 def parse_code(value: Any, *, source: str) -> FlagCode:
