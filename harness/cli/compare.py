@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from harness.cli.options import add_statistics_options
-from harness.stats.scoring import Criterion
 
 COMMAND = "compare"
 HELP = "paired comparison of two runs (difference, interval, McNemar p)"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from harness.stats.scoring import Criterion
     p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Compare two runs on the same samples: paired bootstrap interval of the "
                                           "accuracy difference and the exact McNemar test. Runs with different "

@@ -6,14 +6,13 @@ from pathlib import Path
 
 from harness.cli.options import add_statistics_options
 from harness.errors import UsageError
-from harness.stats.scoring import Criterion
-from harness.store.rundir import RunKind, check_format
 
 COMMAND = "report"
 HELP = "table of clean/robust accuracy with 95%% intervals from run directories"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from harness.reports import FORMATS
+    from harness.stats.scoring import Criterion
 
     p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Combine run directories into one table: a row per defense, a column per "
@@ -37,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness import atomic
     from harness.reports import render
+    from harness.store.rundir import RunKind, check_format
 
     if args.output is not None and args.output.is_dir():
         raise UsageError(f"--output {str(args.output)!r} is a directory; --output/-o takes a file path, e.g. "

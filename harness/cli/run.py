@@ -10,7 +10,6 @@ from harness.cli.argtypes import NONNEGATIVE, POSITIVE, shard_slice
 from harness.cli.options import add_config_options, config_overrides
 from harness.errors import UsageError
 from harness.progress import setup_logging
-from harness.store.status import completeness
 
 COMMAND = "run"
 HELP = "evaluate a defense with an attack battery"
@@ -71,6 +70,7 @@ def check_destination(cfg: RunConfig) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from harness.run.runner import estimate_run, run
+    from harness.store.status import completeness
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
     if args.estimate:

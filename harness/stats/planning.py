@@ -9,16 +9,18 @@ Closed forms (no library implements these for proportions; statsmodels is not a 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
-from scipy import stats
 
 from harness.errors import UsageError
 from harness.stats.fractions import check_fraction
 
 
 def _z(q: float) -> float:
-    return float(stats.norm.ppf(q))
+    # the standard library's normal quantile (Wichura's AS 241, as accurate as scipy's for this use): the planner
+    # needs nothing else of scipy, and importing scipy.stats is most of `harness plan`'s start-up
+    return NormalDist().inv_cdf(q)
 
 
 def _check_prob(name: str, value: float, open_interval: bool = False) -> None:
