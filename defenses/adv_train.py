@@ -39,6 +39,7 @@ from harness.training.recipe import (
     Trainer,
     add_data_arguments,
     add_loop_arguments,
+    add_optimizer_arguments,
     recipe_paths,
     register_recipe,
     step_generator,
@@ -151,11 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, recipe: str) -> None:
     parser.add_argument("--out", default=str(DEFAULT_WEIGHTS[recipe]), help=f"weights file [defenses/weights/{DEFAULT_WEIGHTS[recipe].name}]")
     parser.add_argument("--width", type=int, default=16, help="network width w (see defenses/small_cnn.py; 16 keeps a 10,000-image APGD-CE + APGD-T run near an hour on 2 cores) [16]")
     add_data_arguments(parser)
-    parser.add_argument("--epochs", type=int, default=15, help="[15]")
-    parser.add_argument("--batch-size", type=int, default=128, help="[128]")
-    parser.add_argument("--lr", type=float, default=0.2, help="peak of the triangular learning rate [0.2]")
-    parser.add_argument("--momentum", type=float, default=0.9, help="[0.9]")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="[5e-4]")
+    add_optimizer_arguments(parser, epochs=15, lr=0.2, lr_help="peak of the triangular learning rate", sgd=True)
     parser.add_argument("--eps", type=number_or_fraction, default=8 / 255, help="ℓ∞ budget of the training attack [8/255]")
     parser.add_argument("--attack", choices=("fgsm", "pgd"), default="fgsm",
                         help="fgsm: FGSM with random start (Wong et al. 2020); pgd: PGD with random start [fgsm]")

@@ -42,6 +42,7 @@ from harness.training.recipe import (
     Trainer,
     add_data_arguments,
     add_loop_arguments,
+    add_optimizer_arguments,
     recipe_paths,
     register_recipe,
     step_generator,
@@ -185,9 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--t-max", type=int, default=100,
                         help="largest training timestep (0-based, of 1000); purify with t_star <= this [100]")
     add_data_arguments(parser)
-    parser.add_argument("--epochs", type=int, default=4, help="[4]")
-    parser.add_argument("--batch-size", type=int, default=128, help="[128]")
-    parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate [5e-4]")
+    add_optimizer_arguments(parser, epochs=4, lr=5e-4, lr_help="Adam learning rate")
     parser.add_argument("--warmup", type=int, default=100, help="linear learning-rate warm-up steps [100]")
     parser.add_argument("--grad-clip", type=float, default=1.0, help="gradient-norm clip, 0 for none [1]")
     add_loop_arguments(parser, log_every=50, checkpoint_every=100)

@@ -34,6 +34,7 @@ from harness.training.recipe import (
     Trainer,
     add_data_arguments,
     add_loop_arguments,
+    add_optimizer_arguments,
     recipe_paths,
     register_recipe,
     step_generator,
@@ -136,11 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights file [defenses/weights/smoothing_<objective>_s<100σ>.pt, e.g. smoothing_gaussian_s025.pt]")
     parser.add_argument("--width", type=int, default=16, help="network width w (defenses/small_cnn.py) [16]")
     add_data_arguments(parser)
-    parser.add_argument("--epochs", type=int, default=15, help="[15]")
-    parser.add_argument("--batch-size", type=int, default=128, help="[128]")
-    parser.add_argument("--lr", type=float, default=0.2, help="peak of the triangular learning rate [0.2]")
-    parser.add_argument("--momentum", type=float, default=0.9, help="[0.9]")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="[5e-4]")
+    add_optimizer_arguments(parser, epochs=15, lr=0.2, lr_help="peak of the triangular learning rate", sgd=True)
     parser.add_argument("--copies", type=int, default=2, help="noise copies m per image (consistency) [2]")
     parser.add_argument("--consistency-weight", type=float, default=10.0, help="λ (consistency) [10]")
     parser.add_argument("--entropy-weight", type=float, default=0.5, help="η (consistency) [0.5]")

@@ -29,6 +29,7 @@ from harness.training.recipe import (
     Trainer,
     add_data_arguments,
     add_loop_arguments,
+    add_optimizer_arguments,
     recipe_paths,
     register_recipe,
     training_data,
@@ -108,9 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "scales) [4 x --embed-dim]")
     parser.add_argument("--patch-size", type=int, default=d.patch_size, help=f"patch side in pixels [{d.patch_size}]")
     add_data_arguments(parser)
-    parser.add_argument("--epochs", type=int, default=15, help="[15]")
-    parser.add_argument("--batch-size", type=int, default=128, help="[128]")
-    parser.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate [1e-3]")
+    add_optimizer_arguments(parser, epochs=15, lr=1e-3, lr_help="peak AdamW learning rate")
     parser.add_argument("--weight-decay", type=float, default=0.05, help="AdamW weight decay on weight matrices [0.05]")
     parser.add_argument("--warmup", type=int, default=None, help="linear warm-up steps [one epoch]")
     parser.add_argument("--label-smoothing", type=float, default=0.1, help="[0.1]")

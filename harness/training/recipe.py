@@ -114,6 +114,18 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train on the first N training images only (tests, smoke runs) [all 50,000]")
 
 
+def add_optimizer_arguments(parser: argparse.ArgumentParser, *, epochs: int, lr: float, lr_help: str,
+                            batch_size: int = 128, sgd: bool = False) -> None:
+    """The epoch-based recipes' ``--epochs --batch-size --lr`` with their defaults, and with ``sgd`` the SGD
+    ``--momentum 0.9 --weight-decay 5e-4``."""
+    parser.add_argument("--epochs", type=int, default=epochs, help=f"[{epochs}]")
+    parser.add_argument("--batch-size", type=int, default=batch_size, help=f"[{batch_size}]")
+    parser.add_argument("--lr", type=float, default=lr, help=f"{lr_help} [{lr:g}]")
+    if sgd:
+        parser.add_argument("--momentum", type=float, default=0.9, help="[0.9]")
+        parser.add_argument("--weight-decay", type=float, default=5e-4, help="[5e-4]")
+
+
 def training_data(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     """The training images and labels that :func:`add_data_arguments`'s options name."""
     return load_cifar10_train(args.data_root, download=args.download, limit=args.train_limit)
