@@ -259,3 +259,15 @@ def test_a_misspelt_option_is_reported_by_its_subcommand_with_the_closest_option
     assert "did you mean --defense, --defense-opt?" in err
     assert main(["train", "ddpm", "--t-maxx", "300"]) == 2
     assert "harness train ddpm: error: unrecognized arguments: --t-maxx 300 (did you mean --t-max?)" in capsys.readouterr().err
+
+
+def test_list_shows_plain_sentences_and_an_exact_name_shows_its_options(capsys):
+    assert main(["list", "defenses"]) == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and "jpeg" in out
+    assert "(Carlini et al. 2023)" in next(line for line in out.splitlines() if line.startswith("diffusion-smoothing"))
+    assert main(["list", "defenses", "jpeg"]) == 0
+    out = capsys.readouterr().out
+    assert "options:" in out and "quality: int = 75" in out and "classifier: str = 'at-small'" in out
+    assert main(["list", "attacks", "pgd"]) == 0
+    assert "steps: int = 10" in capsys.readouterr().out
