@@ -60,6 +60,13 @@ def _cells(run: CertRun, radii: Sequence[float], confidence: float, seed: int, n
                               n_resamples=n_resamples) for r in radii]
 
 
+def radius_cap(run: CertRun) -> float:
+    """The largest radius the run's N, α and σ can certify, whatever the classifier (all N draws agreeing)."""
+    from harness.certify.budget import max_certifiable_radius
+
+    return max_certifiable_radius(run.config.N, run.config.alpha, run.config.sigma)
+
+
 def _latency(run: CertRun) -> str:
     hw = run.provenance.get("hardware") or {}
     where = ", ".join(f"{k} {v}" for k, v in hw.items())
@@ -78,17 +85,21 @@ def certified_text(run_dirs: Sequence[Path], fmt: str = "markdown", *, radii: Se
         return json.dumps([{"run": str(run.path), "defense": run.config.defense, **{k: getattr(run.config, k) for k in
                             BUDGET_FIELDS}, "n": len(run.records), "partial": not run.completeness.complete,
                             "seconds_per_sample": float(run.records["time_s"].mean()),
-                            "certified": [{"radius": r, **iv.as_dict()} for r, iv in zip(radii, cells)]}
+                            "radius_cap": radius_cap(run),
+                            "certified": [{"radius": r, **iv.as_dict(), "beyond_cap": r > radius_cap(run)}
+                                          for r, iv in zip(radii, cells)]}
                            for run, cells in table], indent=2) + "\n"
     head = ["defense", "n", "N", "α", *[f"r = {r:g}" for r in radii], "abstain"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run, cells in table:
         lines.append(f"| {run.label} | {len(run.records)} | {run.config.N:,} | {run.config.alpha:g} | "
-                     + " | ".join(interval_text(iv) for iv in cells)
+                     + " | ".join(f"— (cap {radius_cap(run):.3f})" if r > radius_cap(run) else interval_text(iv)
+                                  for r, iv in zip(radii, cells))
                      + f" | {100 * run.records['abstain'].mean():.1f}% |")
     notes = [f"Certified accuracy in % (correct with certified ℓ2 radius ≥ r; abstentions count as wrong), "
              f"{confidence * 100:g}% interval over samples as in robust-accuracy reports. Each certificate holds "
-             f"with probability ≥ 1 − α."] + [f"Latency, {run.label}: {_latency(run)}." for run in runs]
+             f"with probability ≥ 1 − α. A radius beyond a run's cap σ·Φ⁻¹(α^(1/N)) cannot be certified with its N "
+             f"draws whatever the classifier (`harness certify-budget`): such cells are marked — with the cap."] + [f"Latency, {run.label}: {_latency(run)}." for run in runs]
     partial_runs = [f"{r.path.name}: {r.completeness.describe()}" for r in runs if not r.completeness.complete]
     text = "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
     if partial_runs:

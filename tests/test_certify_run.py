@@ -148,3 +148,18 @@ def test_processor_name_is_the_cpu_model(tmp_path):
 def test_bad_certify_flags_are_one_line(capsys):
     assert main(["certify", "--defense", "none", "--sigma", "0"]) == 2
     assert "--sigma" in capsys.readouterr().err
+
+
+def test_radii_beyond_what_n_can_certify_are_marked_with_the_cap(tiny_data_root, tmp_path, capsys):
+    from harness.certify.budget import max_certifiable_radius
+
+    run_dir = run_certify(_cfg(tiny_data_root, tmp_path), defense=_defense())  # sigma 0.1, N 200, alpha 0.01
+    cap = max_certifiable_radius(200, 0.01, 0.1)
+    assert 0.1 < cap < 0.25
+    assert main(["report", str(run_dir), "--radii", "0", "0.1", "0.25"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny"))
+    cells = [c.strip() for c in row.split("|")[5:8]]
+    assert "cap" not in cells[0] + cells[1] and cells[2] == f"— (cap {cap:.3f})"
+    assert main(["report", str(run_dir), "--format", "json", "--radii", "0.1", "0.25"]) == 0
+    data = json.loads(capsys.readouterr().out)[0]
+    assert data["radius_cap"] == cap and [c["beyond_cap"] for c in data["certified"]] == [False, True]

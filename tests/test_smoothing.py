@@ -7,16 +7,13 @@ import pytest
 import torch
 from scipy import stats
 
-from harness.certify.smoothing import (
-    ABSTAIN,
-    certify,
+from harness.certify.budget import (
     lower_confidence_bound,
     max_certifiable_radius,
     min_samples_for_radius,
     min_votes_for_radius,
-    predict,
-    sample_counts,
 )
+from harness.certify.smoothing import ABSTAIN, certify, predict, sample_counts
 from harness.cli import main
 
 SHAPE = (1, 2, 2)

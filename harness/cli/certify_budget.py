@@ -57,7 +57,7 @@ def budget_text(ns: list[int], alpha: float, sigma: float, radii: list[float]) -
     """The budget report as text (used by the CLI and docs/certification.md)."""
     from scipy import stats
 
-    from harness.certify.smoothing import (
+    from harness.certify.budget import (
         lower_confidence_bound,
         max_certifiable_radius,
         min_samples_for_radius,
