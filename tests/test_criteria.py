@@ -180,7 +180,8 @@ def _check_agreement(run_dir, capsys) -> dict[str, float]:
         assert js["upper_bound"] == cell.upper_bound == cmp.upper_bound[c]
         assert cmp.intervals[c] == iv  # the stochastic section: same worst case, same interval
         text = cell_text(cell, with_wilson=False)
-        assert rep["section_cells"][2 + j] == text and cs[WORST] == text and text in rep["markdown"]
+        assert rep["section_cells"][2 + j] == text and cs[f"{WORST} cell"] == text and text in rep["markdown"]
+        assert float(cs[WORST]) == pytest.approx(100 * iv.estimate, abs=0.05)  # the number, in its own column
         assert cs[f"{WORST} method"] == iv.method
         worst = rep["outcomes"][WORST].to_numpy()
         assert worst.mean() == pytest.approx(iv.estimate)
@@ -217,7 +218,7 @@ def test_majority_cascade_is_labelled_upper_bound_everywhere(tiny_data_root, tmp
     assert accuracy["mean"] > robust_share + 0.02  # weak samples keep 0.1-0.5: over-stated ...
     rep = _report(run_dir, "mean", slow_formats=True)  # ... and labelled so in every format
     assert rep["json"]["upper_bound"] and "upper-bound" in rep["json"]["flags"]
-    assert rep["csv"][f"{WORST} upper bound"] == "yes" and rep["csv"][WORST].startswith("≤")
+    assert rep["csv"][f"{WORST} upper bound"] == "yes" and rep["csv"][f"{WORST} cell"].startswith("≤")
     assert "| ≤" in rep["markdown"] and "upper-bound" in rep["markdown"]
     assert r"$\le$" in rep["latex"] and "upper-bound" in rep["latex"]
     assert "≤" in rep["html"] and "upper-bound" in rep["html"]
