@@ -81,19 +81,20 @@ def certified_text(run_dirs: Sequence[Path], fmt: str = "markdown", *, radii: Se
         raise ValueError(f"certification runs are reported as {', '.join(FORMATS)}; got --format {fmt}")
     runs = [load_cert_run(p, partial=partial) for p in run_dirs]
     table = [(run, _cells(run, radii, confidence, seed, n_resamples)) for run in runs]
+    caps = {id(run): radius_cap(run) for run in runs}
     if fmt == "json":
         return json.dumps([{"run": str(run.path), "defense": run.config.defense, **{k: getattr(run.config, k) for k in
                             BUDGET_FIELDS}, "n": len(run.records), "partial": not run.completeness.complete,
                             "seconds_per_sample": float(run.records["time_s"].mean()),
-                            "radius_cap": radius_cap(run),
-                            "certified": [{"radius": r, **iv.as_dict(), "beyond_cap": r > radius_cap(run)}
+                            "radius_cap": caps[id(run)],
+                            "certified": [{"radius": r, **iv.as_dict(), "beyond_cap": r > caps[id(run)]}
                                           for r, iv in zip(radii, cells)]}
                            for run, cells in table], indent=2) + "\n"
     head = ["defense", "n", "N", "α", *[f"r = {r:g}" for r in radii], "abstain"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run, cells in table:
         lines.append(f"| {run.label} | {len(run.records)} | {run.config.N:,} | {run.config.alpha:g} | "
-                     + " | ".join(f"— (cap {radius_cap(run):.3f})" if r > radius_cap(run) else interval_text(iv)
+                     + " | ".join(f"— (cap {caps[id(run)]:.3f})" if r > caps[id(run)] else interval_text(iv)
                                   for r, iv in zip(radii, cells))
                      + f" | {100 * run.records['abstain'].mean():.1f}% |")
     notes = [f"Certified accuracy in % (correct with certified ℓ2 radius ≥ r; abstentions count as wrong), "

@@ -85,15 +85,6 @@ def _run(recipe: Recipe, parser: argparse.ArgumentParser, args: argparse.Namespa
     return 0
 
 
-def _shared_dests() -> set[str]:
-    from harness.training.recipe import add_data_arguments, add_loop_arguments
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_data_arguments(p)
-    add_loop_arguments(p, log_every=0, checkpoint_every=0)
-    return {a.dest for a in p._actions}
-
-
 def _rows(parser: argparse.ArgumentParser, skip: set[str]) -> list[str]:
     rows = []
     for action in parser._actions:  # argparse keeps no public list of a parser's options
@@ -119,13 +110,12 @@ def reference() -> str:
     from harness.training.recipe import add_data_arguments, add_loop_arguments, get_recipe, recipe_names
 
     shared = argparse.ArgumentParser(prog="harness train RECIPE", add_help=False)
-
     add_data_arguments(shared)
     add_loop_arguments(shared, log_every=0, checkpoint_every=0)
     lines = ["Every recipe takes these (`--log-every` and `--checkpoint-every` default per recipe, below):", "",
              "| flag | meaning [default] |", "| --- | --- |",
              *(r for r in _rows(shared, {"command_line"}) if "--log-every" not in r and "--checkpoint-every" not in r)]
-    skip = _shared_dests() - {"log_every", "checkpoint_every"}
+    skip = {a.dest for a in shared._actions} - {"log_every", "checkpoint_every"}  # listed once, above
     for name in recipe_names():
         recipe = get_recipe(name)
         p = argparse.ArgumentParser(prog=f"harness train {name}", add_help=False)
