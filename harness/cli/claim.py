@@ -35,16 +35,9 @@ def _count(pct_value: float, n: int, name: str) -> tuple[int, str | None]:
         raise UsageError(f"--{name} must be an accuracy in percent between 0 and 100, got {pct_value}")
     if n <= 0:
         raise UsageError(f"sample count for {name.upper()} must be positive, got {n}")
-    exact = pct_value / 100 * n
-    k = int(round(exact))
-    note = None
-    text = repr(float(pct_value))
-    decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 2
-    if abs(100 * k / n - pct_value) > 0.5 * 10 ** -decimals + 1e-9:  # k/n does not round to the published value
-        note = (f"no whole count out of {n} rounds to {pct_value}% ({pct_value}% of {n} = {exact:.2f} samples): "
-                f"the reported n may be wrong, or the accuracy is averaged over draws or seeds; "
-                f"using {k}/{n} = {100 * k / n:.2f}%")
-    return k, note
+    from harness.stats.tiers import count_from_percent
+
+    return count_from_percent(pct_value, n)
 
 
 def claim_text(a: float, b: float, n_a: int, n_b: int, *, confidence: float = 0.95, alpha: float = 0.05,

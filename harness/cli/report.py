@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.options import add_statistics_options
+from harness.cli.options import add_statistics_options, check_output, emit
 from harness.errors import UsageError
 
 COMMAND = "report"
@@ -34,13 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness import atomic
     from harness.reports import render
     from harness.store.rundir import RunKind, check_format
 
-    if args.output is not None and args.output.is_dir():
-        raise UsageError(f"--output {str(args.output)!r} is a directory; --output/-o takes a file path, e.g. "
-                         f"{str(args.output / ('report.' + args.format))!r}")
+    check_output(args.output, "report", args.format)
     kinds = {check_format(r) for r in args.runs}
     if kinds == {RunKind.CERTIFY}:
         from harness.reports.certified import certified_text
@@ -52,9 +49,5 @@ def run(args: argparse.Namespace) -> int:
         columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
         text = render(args.runs, args.format, criterion=args.criterion, confidence=args.confidence, seed=args.seed,
                       n_resamples=args.resamples, partial=args.partial, columns=columns)
-    if args.output:
-        atomic.write_text(args.output, text)
-        print(f"wrote {args.output}")
-    else:
-        print(text, end="")
+    emit(text, args.output)
     return 0
