@@ -16,6 +16,7 @@ from harness.cli import main
 from harness.run import runner
 from harness.run.shards import RunShards
 from harness.stats import stopping
+from harness.stats.sequential import Scope
 from harness.store.rundir import TIMING_COLUMNS, load_records
 from harness.store.status import completeness
 
@@ -56,7 +57,8 @@ def test_half_width_run_stops_at_the_first_boundary_where_the_sequence_is_narrow
     rule = stopping.StopRule.parse("half-width=0.1")
     scores = stopping.ordered_worst(records, order)
     first = next(j for j in range(1, k + 1)
-                 if stopping.check(rule, scores[:16 * j], population=N, confidence=0.95).stop)
+                 if stopping.check(rule, scores[:16 * j], images=N, scope=Scope.MODELS,
+                                   confidence=0.95).stop)
     assert first == k
     # the same command again resumes into the same stop, computing nothing
     computed.clear()

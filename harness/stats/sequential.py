@@ -26,6 +26,7 @@ smallest K--crossed grid point bound the running intersection of the exact CS fr
 from __future__ import annotations
 
 import math
+from enum import Enum
 
 import numpy as np
 
@@ -35,6 +36,35 @@ _THETA = 0.5  # weight of the K+ / K- capital processes in the hedged process ma
 _C = 0.5  # bet truncation: lambda+ <= c / m, lambda- <= c / (1 - m)
 _FIRST_BLOCK, _MAX_BLOCK = 64, 2048  # time-block sizes of the grid sweep
 _RANGE_TOL = 1e-12  # rounding slack for the remaining (without-replacement) mean and for the logical bounds
+
+
+class Scope(Enum):
+    """What a sequential run's confidence sequence is about (``harness run --about``).
+
+    ``MODELS``: the test images are an i.i.d. sample of the data distribution, evaluated in a uniformly random order,
+    so every prefix is an i.i.d. sample; the CS (``population=None``) is for the models' accuracy on the distribution.
+    ``TEST_SET``: the CS is the without-replacement one over the N selected images (``population=N``), for their mean
+    only; it shrinks to a point at t = N, so two different models are almost always "decided" near the end.
+    """
+
+    MODELS = "models"
+    TEST_SET = "test-set"
+
+    @classmethod
+    def recorded(cls, value: str | None) -> "Scope":
+        """The scope a run recorded; no record means the run predates the choice and computed ``TEST_SET``."""
+        return cls.TEST_SET if value is None else cls(value)
+
+    def population(self, images: int) -> int | None:
+        """The ``population`` argument of :func:`mean_cs` for a run over ``images`` test images."""
+        return images if self is Scope.TEST_SET else None
+
+    def describe(self, images: int, *, difference: bool) -> str:
+        """What the interval is about, in words (``difference``: a paired difference of two models)."""
+        if self is Scope.MODELS:
+            return "about the models (i.i.d. draws from the data distribution)"
+        claim = "a claim that the models differ" if difference else "the accuracy"
+        return f"about these {images:,} test images only: valid for this test set, not {claim} on the distribution"
 
 
 def _check_alpha(alpha: float) -> float:

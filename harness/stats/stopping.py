@@ -6,10 +6,13 @@ Two rules:
 
 - ``half-width=H``: stop when the confidence sequence for the worst-case accuracy is at most H wide on
   either side (H a fraction, e.g. 0.01 for ±1 point). The bets are tuned to the sample size a fixed-n
-  interval would need for H at accuracy 0.5 (with the finite-population correction), a choice fixed
-  before any data are seen, as the construction requires.
+  interval would need for H at accuracy 0.5 (finite-population corrected for the test-set scope), a choice
+  fixed before any data are seen, as the construction requires.
 - ``decided`` with ``against=RUN``: stop when the paired confidence sequence for the difference to RUN's
   worst-case accuracy (same samples in the same order) excludes 0.
+
+What the sequence is about is the run's :class:`~harness.stats.sequential.Scope` (``--about``): the models'
+accuracy on the data distribution (i.i.d. CS) or the mean over the N selected images (without-replacement CS).
 
 The rule is checked at shard boundaries, in shard order, on the worst case over the configured battery
 (criterion ``all``); the stop is a function of the stored records alone, so a resumed run stops where an
@@ -30,7 +33,7 @@ from scipy import stats
 from harness.errors import UsageError
 from harness.stats.intervals import Interval, excludes
 from harness.stats.scoring import worst_case
-from harness.stats.sequential import difference_cs, mean_cs
+from harness.stats.sequential import Scope, difference_cs, mean_cs
 
 # the seeded order is drawn from (run seed, this tag): the plain sorted subset of runs without --until is unchanged
 _ORDER_TAG = 0x5E0
@@ -81,14 +84,17 @@ def sequence_order(indices: list[int], seed: int) -> list[int]:
     return [int(i) for i in rng.permutation(np.asarray(indices, dtype=np.int64))]
 
 
-def horizon(rule: StopRule, population: int, confidence: float) -> int | None:
+def horizon(rule: StopRule, images: int, confidence: float, scope: Scope) -> int | None:
     """Where the half-width rule's bets are tightest: the n of a fixed-n normal interval of half-width H at
-    accuracy 0.5, finite-population corrected, capped at ``population``. None for ``decided``."""
+    accuracy 0.5 (finite-population corrected for ``Scope.TEST_SET``), capped at the run's ``images``. None for
+    ``decided``."""
     if rule.kind is not StopKind.HALF_WIDTH:
         return None
     z = stats.norm.ppf(0.5 + confidence / 2)
     n0 = (z * 0.5 / rule.target) ** 2
-    return int(min(population, math.ceil(n0 / (1 + (n0 - 1) / population))))
+    if scope.population(images) is not None:
+        n0 = n0 / (1 + (n0 - 1) / images)
+    return int(min(images, math.ceil(n0)))
 
 
 @dataclass(frozen=True)
@@ -113,15 +119,17 @@ def ordered_worst(records: pd.DataFrame, order: list[int]) -> np.ndarray:
     return wc.worst[np.searchsorted(wc.index, [i for i in order if i in have])]
 
 
-def check(rule: StopRule, scores: np.ndarray, *, population: int, confidence: float,
+def check(rule: StopRule, scores: np.ndarray, *, images: int, scope: Scope, confidence: float,
           paired: np.ndarray | None = None) -> StopState:
-    """Evaluate ``rule`` on the scores of the first t samples (in evaluation order); for ``decided``,
-    ``paired`` holds the other run's scores of the same samples in the same order."""
-    alpha = 1 - confidence
+    """Evaluate ``rule`` on the scores of the first t samples (in evaluation order) of a run over ``images`` test
+    images, with the confidence sequence ``scope`` asks for; for ``decided``, ``paired`` holds the other run's scores
+    of the same samples in the same order."""
+    alpha, population = 1 - confidence, scope.population(images)
     if len(scores) == 0:
         return StopState(False, 0, math.nan, 0.0, 1.0)
     if rule.kind is StopKind.HALF_WIDTH:
-        lo, hi = mean_cs(scores, alpha=alpha, population=population, horizon=horizon(rule, population, confidence))
+        lo, hi = mean_cs(scores, alpha=alpha, population=population,
+                         horizon=horizon(rule, images, confidence, scope))
         stop = (hi[-1] - lo[-1]) / 2 <= rule.target
         return StopState(bool(stop), len(scores), float(np.mean(scores)), float(lo[-1]), float(hi[-1]))
     if paired is None or len(paired) != len(scores):
@@ -133,10 +141,11 @@ def check(rule: StopRule, scores: np.ndarray, *, population: int, confidence: fl
 
 def sequence_interval(scores: np.ndarray, info: dict[str, Any], confidence: float) -> Interval:
     """The valid interval of a sequentially stopped run's column: its confidence sequence at the stop, with the
-    rule's bets (``info``: the run's provenance ``sequential`` record). ``scores`` in evaluation order."""
+    rule's bets and the run's scope (``info``: the run's provenance ``sequential`` record; one without ``about``
+    predates the choice and is read as the test-set scope). ``scores`` in evaluation order."""
     rule = StopRule.parse(info["rule"], info.get("against"))
-    h = horizon(rule, int(info["population"]), confidence)
-    lo, hi = mean_cs(np.asarray(scores, dtype=float), alpha=1 - confidence, population=int(info["population"]),
-                     horizon=h)
+    scope, images = Scope.recorded(info.get("about")), int(info["population"])
+    lo, hi = mean_cs(np.asarray(scores, dtype=float), alpha=1 - confidence, population=scope.population(images),
+                     horizon=horizon(rule, images, confidence, scope))
     return Interval(float(np.mean(scores)), float(lo[-1]), float(hi[-1]), "confidence-sequence", confidence,
                     len(scores))
