@@ -1,8 +1,9 @@
 """Adaptive-attack robustness evaluation harness.
 
-The public names (``Defense``, ``Attack``, ``ThreatModel``, ``Target``, ``RunConfig``, the registries and the
-errors) are re-exported here from :mod:`harness.api`, lazily, so that commands which need no torch (reports,
-statistics) do not import it. The rooms and what each owns are mapped in ``docs/architecture.md``.
+The public names are re-exported here, lazily, so that commands which need no torch (reports, statistics) do not
+import it: the Python API (``evaluate``, ``load``, ``estimate``, ``Result``) from :mod:`harness.front`, and the
+contracts (``Defense``, ``Attack``, ``ThreatModel``, ``Target``, ``RunConfig``, the registries and the errors) from
+:mod:`harness.api`. The rooms and what each owns are mapped in ``docs/architecture.md``.
 """
 from __future__ import annotations
 
@@ -11,13 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# the Python API: name -> its module (harness.front itself imports the reports, so it is not imported to list these)
+_FRONT = {"evaluate": "harness.front.evaluation", "load": "harness.front.evaluation",
+          "estimate": "harness.front.evaluation", "Result": "harness.front.result"}
+
 if TYPE_CHECKING:
     from harness.api import *  # noqa: F403
+    from harness.front import Result, estimate, evaluate, load  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
     # PEP 562: the first use of a public name imports the module defining it (and torch); ``import harness`` alone
     # imports nothing else
+    if name in _FRONT:
+        return getattr(importlib.import_module(_FRONT[name]), name)
     api = importlib.import_module("harness.api")
     if name in api.__all__:
         return getattr(api, name)
@@ -25,4 +33,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *importlib.import_module("harness.api").__all__])
+    return sorted([*globals(), *_FRONT, *importlib.import_module("harness.api").__all__])

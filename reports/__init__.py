@@ -45,17 +45,26 @@ def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = "all
     Incomplete runs are refused unless ``partial``; then the output of every format says so (a first line,
     or for JSON ``"partial": true`` with ``n_done`` and ``n_planned`` in each run object).
     """
-    fn = _renderer(fmt)
+    _renderer(fmt)  # an unknown format fails before the runs are read
     settings = Settings(criterion=criterion, confidence=confidence, seed=seed, n_resamples=n_resamples)
     runs = [load_run(Path(p), partial=partial) for p in run_dirs]
-    table = build_table(runs, settings)
+    return render_table(build_table(runs, settings), fmt, columns=columns)
+
+
+def render_table(table: Table, fmt: str = "markdown", *, columns: list[str] | None = None) -> str:
+    """A table already built (:func:`build_table`) in ``fmt``, its attack columns chosen and ordered by
+    ``columns``; incomplete runs labelled as :func:`render` does."""
+    fn = _renderer(fmt)
+    if table.rows and all(row.run.threat == "corruptions" for row in table.rows):  # their own section
+        from .corruptions import render as render_corruptions
+        return label_partial(render_corruptions(table, fmt, columns), fmt, [row.run for row in table.rows])
     if columns:
         unknown = [c for c in columns if c not in table.columns]
         if unknown:
             raise UsageError(f"--columns {', '.join(unknown)}: no such column in these runs; they have "
                              f"{', '.join(table.columns)}")
         table = dataclasses.replace(table, columns=list(columns))
-    return label_partial(fn(table), fmt, runs)
+    return label_partial(fn(table), fmt, [row.run for row in table.rows])
 
 
 def partial_note(runs: list[RunData]) -> str | None:
@@ -90,4 +99,5 @@ def label_partial(text: str, fmt: str, runs: list[RunData]) -> str:
     raise ValueError(f"unknown report format {fmt!r}; accepted: {', '.join(FORMATS)}")
 
 
-__all__ = ["FORMATS", "RunData", "Settings", "Table", "build_table", "label_partial", "load_run", "render"]
+__all__ = ["FORMATS", "RunData", "Settings", "Table", "build_table", "label_partial", "load_run", "render",
+           "render_table"]

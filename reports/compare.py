@@ -4,8 +4,10 @@ interval, the exact McNemar p-value, subset rank-flip probability and the planne
 Two runs are ranked only when everything that changes attack strength or scoring matches
 (:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the attacks'
 autocast precision, the battery (its attacks in order and each entry's options, escalations included)
-and, per attack, the record columns :data:`harness.api.records.BUDGET_COLUMNS` (ε, norm, iterations,
-restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples). The gradient mode is
+and, per attack, the record columns :data:`harness.api.records.BUDGET_COLUMNS` (ε, norm, the threat model's
+kind and band, iterations, restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples).
+Runs of different kinds of threat model (``lp``, ``lowfreq``, ``corruptions``) are refused outright, with or
+without ``--allow-mismatch``. The gradient mode is
 skipped when either run's defense has no purifier (its provenance's ``defense.purifier`` is None): full,
 bpda and surrogate gradients are then one function. An attack column is compared only between runs of the
 same mode (cascade: worst case so far; --every-attack: that attack alone).
@@ -15,6 +17,7 @@ identical paired outcomes; that is said instead of an interval.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +25,18 @@ import pandas as pd
 
 from harness.api.records import BUDGET_COLUMNS
 from harness.battery.resolve import RESOLVER_OPTIONS
-from harness.stats.paired import compare_outcomes
+from harness.errors import UsageError
+from harness.stats.paired import Comparison, compare_outcomes, compare_paired_scores
 from harness.stats.planning import discordance_rate, n_for_difference_paired
 from harness.stats.scoring import stages
 from harness.stats.subsets import rank_flip_probability
 from harness.store import rundir as store
 
+from .corruptions import MEAN, mean_scores
+from .corruptions import THREAT as CORRUPTIONS
 from .load import RunData, load_run
 from .outcomes import CRITERION_TEXT, WORST, check_criterion, outcome_table
+from .threat_check import run_threat
 
 
 class BudgetMismatchError(ValueError):
@@ -152,6 +159,11 @@ def budget_mismatches(a: RunData, b: RunData) -> list[str]:
     ea, eb = _entries(a), _entries(b)
     for name in (k for k in sa if k in sb and k in ea and k in eb and ea[k] != eb[k]):
         problems.append(f"{name}: battery entry {ea[name]} in {na} but {eb[name]} in {nb}")
+    if a.threat == b.threat == CORRUPTIONS and sa == sb and ia == ib:
+        fa, fb = ((run.provenance.get("fingerprint") or {}).get("data") or "" for run in (a, b))
+        if fa != fb:
+            problems.append(f"the corrupted images differ (data fingerprint {fa[:12]} in {na} but {fb[:12]} in {nb}): "
+                            "another corruption seed (--sample-seed, else --seed) or package versions")
     ba, bb = _attack_budgets(a), _attack_budgets(b)
     columns = [c for c in BUDGET_COLUMNS if not (c == "grad_mode" and _without_purifier(a, b))]
     for name in (k for k in sa if k in sb):
@@ -165,6 +177,11 @@ def budget_mismatches(a: RunData, b: RunData) -> list[str]:
 def budget_summary(run: RunData) -> str:
     """The matched settings, for the "Budgets matched" line."""
     parts = [f"{run.dataset}, {len(_indices(run))} samples, R = {_repeats(run)}"]
+    if run.threat == CORRUPTIONS:  # no attack budgets: the same corrupted images
+        data = (run.provenance.get("fingerprint") or {}).get("data") or ""
+        return "; ".join([*parts, f"corruptions {', '.join(run.config.get('corruptions') or [])} at severities "
+                          f"{', '.join(map(str, run.config.get('severities') or []))}, the same corrupted images "
+                          f"(data fingerprint {data[:12]})"])
     for attack, budget in _attack_budgets(run).items():
         parts.append(f"{attack}(" + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                               for k, v in budget.items()) + ")")
@@ -178,20 +195,57 @@ def _column_meaning(outcomes: pd.DataFrame, column: str) -> str:
         f"{column} alone (--every-attack)"
 
 
-def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack_b: str | None = None,
-                 criterion: str = "all",
-                 allow_mismatch: bool = False, confidence: float = 0.95, alpha: float = 0.05, seed: int = 0,
-                 n_resamples: int = 10_000, subset_k: int = 512) -> str:
-    """Compare column ``attack`` of run A with column ``attack_b`` (default: the same) of run B.
+@dataclass(frozen=True)
+class RunComparison:
+    """What ``harness compare`` prints (``lines``) and the comparison behind it (None when both columns are one
+    run's, or copies of it: they differ by exactly 0)."""
+
+    lines: list[str]
+    comparison: Comparison | None
+    alpha: float
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+    def __str__(self) -> str:
+        return self.text.rstrip("\n")
+
+    @property
+    def decided(self) -> bool:
+        return self.comparison is not None and self.comparison.decided(self.alpha)
+
+
+def compare_text(run_a: Path, run_b: Path, **options: Any) -> str:
+    """The text of :func:`compare_runs` (the options are its keyword arguments)."""
+    return compare_runs(run_a, run_b, **options).text
+
+
+def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, attack: str = "worst-case",
+                 attack_b: str | None = None, criterion: str = "all", allow_mismatch: bool = False,
+                 confidence: float = 0.95, alpha: float = 0.05, seed: int = 0, n_resamples: int = 10_000,
+                 subset_k: int = 512) -> RunComparison:
+    """Compare column ``attack`` of run A with column ``attack_b`` (default: the same) of run B (run
+    directories, or runs already loaded).
 
     RUN_B may be RUN_A to compare two attacks of one run (meaningful with ``--every-attack``).
     """
     check_criterion(criterion)
     attack_b = attack_b or attack
-    a, b = load_run(run_a), load_run(run_b)
-    problems = [] if Path(run_a).resolve() == Path(run_b).resolve() else budget_mismatches(a, b)
+    a, b = (r if isinstance(r, RunData) else load_run(r) for r in (run_a, run_b))
+    if a.threat != b.threat:  # lp, lowfreq, corruptions: even --allow-mismatch cannot make them one quantity
+        raise UsageError(f"{a.run_id} is a --threat {a.threat} run ({run_threat(a).describe()}) and {b.run_id} a --threat "
+                         f"{b.threat} run ({run_threat(b).describe()}): their accuracies measure different things; "
+                         "accepted: two runs of the same threat model")
+    problems = [] if a.path.resolve() == b.path.resolve() else budget_mismatches(a, b)
     oa = outcome_table(a.records, criterion, config=a.config)
     ob = outcome_table(b.records, criterion, config=b.config)
+    if a.threat == CORRUPTIONS:  # the default column: the mean corruption accuracy (a fraction per sample)
+        for o, run in ((oa, a), (ob, b)):
+            o[MEAN] = mean_scores(o, run.config)
+            o.attrs["upper_bound"][MEAN] = False
+        attack, attack_b = (MEAN if col == WORST else col for col in (attack, attack_b))
+    fractional = MEAN in (attack, attack_b)
     for run, o, col in ((a, oa, attack), (b, ob, attack_b)):
         if col not in o.columns:
             raise ValueError(f"{run.run_id} has no column {col!r}; available: {', '.join(o.columns)}")
@@ -202,6 +256,7 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
     xa, xb = oa[attack], ob[attack_b]
     c = f"{confidence * 100:g}%"
     what = attack if attack == attack_b else f"{attack} (A) vs {attack_b} (B)"
+    what = "mean corruption" if what == MEAN else what
     lines = [f"Comparing {what} accuracy ({CRITERION_TEXT[criterion]}):",
              f"  A = {a.run_id} ({a.defense}): {100 * xa.mean():.1f}% of {len(oa)}",
              f"  B = {b.run_id} ({b.defense}): {100 * xb.mean():.1f}% of {len(ob)}"]
@@ -210,7 +265,7 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
               for key, o, col in (("A", oa, attack), ("B", ob, attack_b)) if o.attrs["upper_bound"][col]]
     why = same_run(a.path, b.path) if attack == attack_b else None
     if why:
-        return "\n".join([*lines, same_run_line(why)]) + "\n"
+        return RunComparison([*lines, same_run_line(why)], None, alpha)
     if problems and not allow_mismatch:
         raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
                                   "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
@@ -232,15 +287,24 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
         if note:
             lines.append(note)
     binary = all(set(x.unique()) <= {0.0, 1.0} for x in (xa, xb))
-    if not binary:
+    if not binary and not fractional:
         raise ValueError("criterion 'mean' gives fractional outcomes; compare with --criterion all or majority")
-    cmp = compare_outcomes(xa, xb, confidence=confidence, seed=seed, n_resamples=n_resamples)
+    if fractional:  # per-sample means: a paired bootstrap and sign-flip test, on the same images only
+        if set(xa.index) != set(xb.index):
+            raise UsageError(f"{a.run_id} and {b.run_id} evaluated different images; the mean corruption accuracy is "
+                             "compared paired only: evaluate both with the same --n and --seed (or --indices)")
+        order = xa.sort_index().index
+        cmp = compare_paired_scores(xa.reindex(order).to_numpy(), xb.reindex(order).to_numpy(),
+                                    confidence=confidence, seed=seed, n_resamples=n_resamples)
+    else:
+        cmp = compare_outcomes(xa, xb, confidence=confidence, seed=seed, n_resamples=n_resamples)
     d = cmp.difference
     how = f"{d.method}, {n_resamples:,} resamples, seed {seed}" if "bootstrap" in d.method else d.method  # score: exact
     lines.append(f"A - B: {100 * d.estimate:+.2f} points, {c} interval [{100 * d.low:+.2f}, {100 * d.high:+.2f}] ({how})")
     if cmp.paired:
-        lines.append(f"{cmp.test}: A right & B wrong on {cmp.a_only}, B right & A wrong on {cmp.b_only} samples; "
-                     f"p = {cmp.p_value:.3g}")
+        detail = (f"A scores higher on {cmp.a_only}, B on {cmp.b_only} samples" if fractional else
+                  f"A right & B wrong on {cmp.a_only}, B right & A wrong on {cmp.b_only} samples")
+        lines.append(f"{cmp.test}: {detail}; p = {cmp.p_value:.3g}")
     else:
         lines.append(f"WARNING: {cmp.warning}")
         lines.append(f"{cmp.test}: p = {cmp.p_value:.3g}")
@@ -252,15 +316,15 @@ def compare_text(run_a: Path, run_b: Path, *, attack: str = "worst-case", attack
         lines.append(f"Verdict: no significant difference at alpha = {alpha:g}; do not rank these runs.")
     if cmp.paired:
         xa, xb = xa.to_numpy(), xb.reindex(oa.index).to_numpy()
-        psi = discordance_rate(xa, xb)
         n = len(xa)
         k = subset_k if subset_k < n else n // 2
         if d.estimate != 0 and k >= 1:
             flip = rank_flip_probability(xa, xb, k, n_subsets=2_000, seed=seed)
             lines.append(f"Subset check: a random {k}-sample subset ranks them opposite to these {n} samples with "
                          f"probability {flip['flip']:.3f} (ties {flip['tie']:.3f}).")
-        if d.estimate != 0:
+        if d.estimate != 0 and not fractional:  # the planner's discordance model is for 0/1 outcomes
+            psi = discordance_rate(xa, xb)
             need = n_for_difference_paired(d.estimate, max(psi, abs(d.estimate)), alpha=alpha, power=0.8)
             lines.append(f"Measured discordance {psi:.3f}: a true difference of {100 * abs(d.estimate):.2f} points "
                          f"needs n = {need:,} paired samples for 80% power.")
-    return "\n".join(lines) + "\n"
+    return RunComparison(lines, cmp, alpha)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from harness.api.config import RunConfig, config_from_mapping, load_toml, merge
-from harness.cli.argtypes import NONNEGATIVE, POSITIVE, shard_slice
+from harness.cli.argtypes import COUNT, NONNEGATIVE, POSITIVE, shard_slice
 from harness.cli.options import add_config_options, config_overrides
 from harness.errors import UsageError
 from harness.progress import setup_logging
@@ -25,8 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="markdown", choices=REPORT_FORMATS,
                    help="format of the final table [default: markdown]")
     p.add_argument("--estimate", action="store_true",
-                   help="time the battery on a calibration batch, print the expected and worst-case wall time for "
-                        "this --n, and exit without running (runs of 1280+ samples also log it when they start)")
+                   help="run the battery, its diagnostics and the escalations they add on a calibration batch "
+                        "(min(64, max(8, n/10)) samples), print the expected and worst-case wall time for this --n, "
+                        "and exit without running (runs of 1280+ samples also log it when they start)")
+    p.add_argument("--estimate-samples", type=COUNT, metavar="K",
+                   help="with --estimate: calibrate on K samples [min(64, max(8, n/10))]")
     p.add_argument("--shard-slice", type=shard_slice, metavar="I/N",
                    help="compute only slice I of N (shards I, I+N, I+2N, ...; I from 0) into the same run directory, "
                         "for N jobs on shared storage such as a Slurm array; the last slice to finish completes the run")
@@ -69,28 +72,29 @@ def check_destination(cfg: RunConfig) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.run.runner import estimate_run, run
-    from harness.store.status import completeness
+    from harness.front.evaluation import run_config
+    from harness.run.runner import estimate_run
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
+    if args.estimate_samples is not None and not args.estimate:
+        raise UsageError("--estimate-samples sets the calibration batch of --estimate; add --estimate")
     if args.estimate:
-        print(estimate_run(cfg).text())
+        print(estimate_run(cfg, samples=args.estimate_samples).text())
         return 0
-    run_dir = run(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice, executor=args.executor,
-                  ray_address=args.ray_address, gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task)
-    state = completeness(run_dir)
-    if not state.complete and args.shard_slice is not None:
+    result = run_config(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice, executor=args.executor,
+                        ray_address=args.ray_address, gpus_per_task=args.gpus_per_task,
+                        cpus_per_task=args.cpus_per_task)
+    if not result.complete and args.shard_slice is not None:
         i, n = args.shard_slice
-        print(f"slice {i}/{n} finished; run {str(run_dir)!r} is not complete yet ({len(state.missing_shards)} shards of "
-              "other slices missing): the last slice to finish completes it, then `harness report` it",
-              file=sys.stderr)
+        missing = len(result.run.completeness.missing_shards) if result.run.completeness else 0
+        print(f"slice {i}/{n} finished; run {str(result.run_dir)!r} is not complete yet ({missing} shards of other "
+              "slices missing): the last slice to finish completes it, then `harness report` it", file=sys.stderr)
         return 0
     try:
-        from harness.reports import render
-        table = render([run_dir], args.format)
+        table = result.table(args.format)
     except Exception as exc:
-        raise RuntimeError(f"the run finished and its records are in {str(run_dir)!r}, but rendering the table failed "
-                           f"({type(exc).__name__}: {exc}); retry with `harness report {run_dir}`") from exc
+        raise RuntimeError(f"the run finished and its records are in {str(result.run_dir)!r}, but rendering the table "
+                           f"failed ({type(exc).__name__}: {exc}); retry with `harness report {result.run_dir}`") from exc
     print(table)
-    print(f"records: {run_dir}", file=sys.stderr)
+    print(f"records: {result.run_dir}", file=sys.stderr)
     return 0
