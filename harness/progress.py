@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
@@ -64,39 +64,86 @@ def _duration(seconds: float) -> str:
 
 class StageLog:
     """One INFO line per finished stage of a shard, for runs without progress bars (stderr not a terminal):
-    the counts, the stage's time, the time elapsed and an estimate of what is left in this phase.
+    the counts, the stage's time, the time elapsed and the time left in this phase (:meth:`left_text`, which the
+    bars show too).
 
-    The estimate scales the time spent so far by the remaining sample-stages of the phase; stages
-    differ in cost, so it is a rough guide that improves as the phase proceeds.
-    """
+    Time left weights the work left by what each stage costs, not by the count of sample-stages: per stage, the
+    seconds per sample (of a shard) it took on the shards it finished in this phase, else a prior (:meth:`prior`:
+    the calibration estimate a long run starts with), else unknown, and then it says so ("time left unknown until
+    square has run on a shard") rather than a small number before an expensive stage. The sum is scaled by wall
+    time per measured stage second so far (checks between stages, parallel workers)."""
 
     def __init__(self, logger: logging.Logger, *, enabled: bool, clock: Any = None) -> None:
         self.log, self.enabled, self.clock = logger, enabled, clock or time.monotonic
-        self.phase, self.total, self.done, self.start = "", 0, 0, 0.0
+        self.priors: dict[str, float] = {}
+        self.start_phase("", 0)
 
-    def start_phase(self, name: str, work: int) -> None:
-        """Begin a phase with ``work`` sample-stages to compute (finished shards excluded)."""
-        self.phase, self.total, self.done, self.start = name, work, 0, self.clock()
+    def start_phase(self, name: str, work: int, stages: Sequence[str] = (), then: str = "") -> None:
+        """Begin a phase with ``work`` sample-stages to compute (finished shards excluded), the same number for
+        each of its ``stages`` (names in order); ``then``: work that may follow the phase, named after the time
+        left (e.g. escalations)."""
+        self.phase, self.total, self.done, self.start, self.then = name, work, 0, self.clock(), then
+        self.stages = list(stages)
+        each = work // len(self.stages) if self.stages else 0
+        self.left = {s: each for s in self.stages}  # samples each stage has left to compute
+        self.spent: dict[str, tuple[float, int]] = {}  # per stage: seconds and samples of its finished shards
+        self.measured = 0.0
+
+    def prior(self, costs: Mapping[str, float]) -> None:
+        """Seconds per sample (of a shard, attempted or not) of stages this phase has not timed yet."""
+        self.priors.update(costs)
 
     def skipped(self, work: int) -> None:
         """Sample-stages found finished (earlier invocation or another process): not part of the estimate."""
         self.total -= work
+        for s in self.stages:
+            self.left[s] -= work // len(self.stages)
+
+    def cost(self, stage: str) -> float | None:
+        """Seconds per sample of ``stage``: measured in this phase, else its prior, else None (unknown)."""
+        seconds, samples = self.spent.get(stage, (0.0, 0))
+        return seconds / samples if samples else self.priors.get(stage)
+
+    def unknown(self) -> str | None:
+        """The first stage with work left whose cost is unknown."""
+        return next((s for s in self.stages if self.left[s] > 0 and self.cost(s) is None), None)
+
+    def time_left(self) -> float | None:
+        """Seconds left in this phase; None while a stage with work left has no known cost."""
+        if not self.stages or self.unknown() is not None:
+            return None
+        work = sum(max(self.left[s], 0) * (self.cost(s) or 0.0) for s in self.stages)
+        elapsed = self.clock() - self.start
+        return work * (elapsed / self.measured if self.measured > 0 and elapsed > 0 else 1.0)
+
+    def left_text(self) -> str:
+        """``about 7m05s left``, or why it is not known yet."""
+        left, unknown, then = self.time_left(), self.unknown(), f", then {self.then}" if self.then else ""
+        if left is not None:
+            return f"about {_duration(left)} left{then}"
+        return (f"time left unknown until {unknown} has run on a shard" if unknown else "time left unknown") + then
 
     def stage_start(self, *, shard: int, n_shards: int, stage: str, attempted: int) -> None:
         if self.enabled:
             self.log.info("%s: shard %d/%d, %s: attacking %d samples", self.phase, shard + 1, n_shards, stage, attempted)
 
     def stage_done(self, *, shard: int, n_shards: int, stage: str, size: int, attempted: int, robust: int,
-                   seconds: float) -> None:
+                   seconds: float, checks: float = 0.0) -> None:
+        """A stage finished on a shard of ``size`` samples: ``seconds`` for the stage, ``checks`` for the diagnostics
+        after it."""
         self.done += size
+        if stage in self.left:
+            self.left[stage] -= size
+        seconds_so_far, samples = self.spent.get(stage, (0.0, 0))
+        self.spent[stage] = (seconds_so_far + seconds + checks, samples + size)
+        self.measured += seconds + checks
         if not self.enabled:
             return
         elapsed = self.clock() - self.start
-        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
         pct = 100 * self.done / self.total if self.total else 100.0
-        self.log.info("%s: shard %d/%d, %s: %d attempted, %d robust after (%s); %.0f%% of %d sample-stages, "
-                      "elapsed %s, about %s left", self.phase, shard + 1, n_shards, stage, attempted, robust,
-                      _duration(seconds), pct, self.total, _duration(elapsed), _duration(left))
+        self.log.info("%s: shard %d/%d, %s: %d attempted, %d robust after (%s, checks %s); %.0f%% of %d sample-stages, "
+                      "elapsed %s, %s", self.phase, shard + 1, n_shards, stage, attempted, robust,
+                      _duration(seconds), _duration(checks), pct, self.total, _duration(elapsed), self.left_text())
 
 
 class NoBar:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from conftest import TinyCNN
 from harness.api.config import RunConfig
@@ -59,3 +60,76 @@ def test_long_runs_log_the_estimate_when_they_start(tiny_data_root, tmp_path, mo
 @pytest.mark.parametrize("seconds, text", [(40, "40s"), (750, "12m30s"), (3900, "1h05m")])
 def test_duration(seconds, text):
     assert duration(seconds) == text
+
+
+# -- what the run will do: escalations, a small calibration, time left weighted by cost ------------------------------
+class _Quantize(torch.nn.Module):
+    """Round to 8 grey levels: zero input gradients almost everywhere (masked gradients)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x.clamp(0, 1) * 8) / 8
+
+
+def _masked() -> Defense:
+    return Defense(TinyCNN().eval(), _Quantize(), num_classes=10, name="tiny-quantized")
+
+
+def test_estimate_includes_the_escalations_the_diagnostics_add(tiny_data_root, tmp_path):
+    """Full-mode PGD finds zero gradients through the quantizer: ``zero-grad`` fires and the run adds BPDA+EOT; the
+    estimate (calibrated on exactly the run's first shard) includes that stage, says why, and counts it."""
+    cfg = dict(escalate=True, probe_gradients=False, eps=0.25,  # no probe: the attacks meet the dead full gradient
+               attack_opts={"steps": 2, "esc-bpda-eot.steps": 3, "esc-apgd-dlr.steps": 3})
+    est = runner.estimate_run(_cfg(tiny_data_root, tmp_path / "est", **cfg), defense=_masked(), samples=16)
+    names = [s.name for s in est.stages]
+    assert "esc-bpda-eot" in names
+    ran = runner.run(_cfg(tiny_data_root, tmp_path / "run", **cfg), defense=_masked())
+    from harness.store.rundir import load_config
+
+    added = [e["name"] for e in load_config(ran).escalations]
+    assert "esc-bpda-eot" in added
+    fired = [s.name for s in est.stages if s.kind == "escalation"]
+    assert fired and set(fired) <= set(added)
+    assert est.expected() > est.expected_without_escalation() and est.worst_possible() >= est.worst()
+    text = est.text()
+    assert "esc-bpda-eot" in text and "zero-grad" in text and "| total |" in text
+
+
+def test_calibration_is_a_small_fraction_of_n(tiny_data_root, tmp_path):
+    est = runner.estimate_run(_cfg(tiny_data_root, tmp_path), defense=_tiny())  # n = 48
+    assert est.calibration == 8 < est.n
+    from harness.run.estimate import calibration_samples
+
+    assert [calibration_samples(n) for n in (5, 48, 300, 640, 10_000)] == [5, 8, 30, 64, 64]
+    assert calibration_samples(10_000, requested=4) == 4 and calibration_samples(3, requested=8) == 3
+    small = runner.estimate_run(_cfg(tiny_data_root, tmp_path, n=16), defense=_tiny())
+    assert "just run it" in small.text()  # 8 of 16 samples: calibrating costs about as much as the run
+
+
+def test_cli_estimate_samples(tiny_data_root, tmp_path, capsys):
+    assert main(["run", "--defense", "none", "--data-root", str(tiny_data_root), "--out", str(tmp_path / "o"),
+                 "--n", "40", "--attacks", "pgd", "--attack-opt", "steps=1", "--device", "cpu", "--quiet",
+                 "--no-escalate", "--estimate", "--estimate-samples", "4"]) == 0
+    assert "from 4 calibration samples" in capsys.readouterr().out
+
+
+def test_time_left_is_weighted_by_the_cost_of_the_stages_left():
+    """A cheap stage done and an expensive one not started: time left is unknown until it has run (no prior), and
+    dominated by it once its cost is known (a prior, then its measured cost). Costs are injected, nothing timed."""
+    from harness.progress import StageLog
+
+    now = [0.0]
+    log = StageLog(logging.getLogger("harness.test"), enabled=False, clock=lambda: now[0])
+    log.start_phase("attacks", 2 * 100, stages=["pgd", "square"])  # 100 samples, 2 shards of 50
+    now[0] = 1.0
+    log.stage_done(shard=0, n_shards=2, stage="pgd", size=50, attempted=50, robust=40, seconds=1.0)
+    assert log.time_left() is None and "unknown until square" in log.left_text()
+    log.prior({"square": 2.0})  # e.g. the calibration estimate: 2 s per sample of a shard
+    # 50 pgd samples at 0.02 s + 100 square samples at 2 s; wall clock so far equals the measured stage time
+    assert log.time_left() == pytest.approx(50 * 0.02 + 100 * 2.0)
+    now[0] = 61.0
+    log.stage_done(shard=0, n_shards=2, stage="square", size=50, attempted=40, robust=30, seconds=60.0)
+    assert log.time_left() == pytest.approx(50 * 0.02 + 50 * 1.2)  # measured cost replaces the prior
+    assert "1m01s" in log.left_text()
+    log.start_phase("attacks", 50, stages=["pgd"], then="escalations if a diagnostic fires")
+    log.stage_done(shard=0, n_shards=1, stage="pgd", size=50, attempted=50, robust=40, seconds=1.0)
+    assert log.left_text().endswith("0s left, then escalations if a diagnostic fires")  # not "done" before them

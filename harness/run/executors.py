@@ -127,7 +127,7 @@ class RayExecutor:
                              "tasks); or use --device auto, which runs tasks without GPUs on the CPU")
         if todo:
             self._start()  # before the clock of the progress estimate starts
-        ctx.progress.start_phase(phase, total * len(names))
+        ctx.progress.start_phase(phase, total * len(names), names)
         ctx.progress.skipped(skipped * len(names))
         bar = progress_bar(total, f"{phase} ({', '.join(names)})", enabled=bars_enabled(ctx.cfg.quiet), initial=skipped)
         try:
