@@ -1,19 +1,24 @@
-"""The threat model: the inputs an attack may return for a clean input ``x``, namely the ``norm`` ball
-of radius ``eps`` around ``x`` intersected with the defense's input ``bounds``.
+"""The threat model: the inputs an attack may return for a clean input ``x``. A :class:`Threat` is an object
+the harness asks three questions per sample: does ``x_adv`` lie in the set (:meth:`Threat.contains`), how far
+outside is it (:meth:`Threat.violation`), and which point of the set replaces it (:meth:`Threat.project`).
+:class:`ThreatModel` is the ``norm`` ball of radius ``eps`` around ``x`` intersected with the defense's input
+``bounds``; ``harness.api.lowfreq.LowFrequency`` is a ball restricted to low spatial frequencies.
 
-The harness enforces it itself (``harness.run.stage``) rather than trusting an attack: every adversarial
-input is measured against the model, and whatever lies outside is projected back before it is
-evaluated. A small tolerance absorbs float rounding (``x + eps`` is not exactly representable).
+The harness enforces the run's threat model itself (``harness.run.stage``) rather than trusting an attack:
+every adversarial input is measured against the model, and whatever lies outside is projected back before
+it is evaluated. A small tolerance absorbs float rounding (``x + eps`` is not exactly representable).
 """
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
 
+from harness.api.threatspec import describe_eps
 from harness.errors import UsageError
 
 Norm = Literal["Linf", "L2", "L1"]
@@ -40,9 +45,55 @@ def norm_of(delta: Tensor, norm: Norm) -> Tensor:
     return flat.norm(dim=1) if norm == "L2" else flat.abs().sum(1)
 
 
+class Threat(ABC):
+    """A threat model: per clean input ``x`` a set of allowed inputs, within ``bounds``. The harness builds one
+    per run (``harness.api.threatspec.ThreatSpec``), checks every answer of every attack with
+    :meth:`contains` / :meth:`violation` and evaluates :meth:`project`'s point instead of an answer outside.
+    ``kind`` names the family (``lp``, ``lowfreq``; an attack declares the kinds it optimizes in,
+    ``Capabilities.threats``); ``norm`` and ``eps`` measure the set's size (the norm in which a query's nearest
+    clean input is found, the size of the noise diagnostic's random perturbations)."""
+    kind: ClassVar[str] = "threat"
+    norm: Norm
+    eps: float
+    bounds: tuple[float, float]
+    tolerance: float
+
+    @property
+    def ball_slack(self) -> float:
+        """Rounding allowed beyond ``eps``: ``tolerance`` of the larger of ``eps`` and the bounds' range."""
+        return self.tolerance * max(self.eps if math.isfinite(self.eps) else 0.0, self.bounds[1] - self.bounds[0])
+
+    @property
+    def bounds_slack(self) -> float:
+        """Rounding allowed beyond the bounds: ``tolerance`` of their range."""
+        return self.tolerance * (self.bounds[1] - self.bounds[0])
+
+    @abstractmethod
+    def violation(self, x: Tensor, x_adv: Tensor) -> Tensor:
+        """Per sample, how far ``x_adv`` lies outside the set in input units (0 inside; inf for non-finite)."""
+
+    @abstractmethod
+    def contains(self, x: Tensor, x_adv: Tensor) -> Tensor:
+        """Per sample: ``x_adv`` lies in the set up to the tolerance (float rounding)."""
+
+    @abstractmethod
+    def project(self, x: Tensor, x_adv: Tensor) -> Tensor:
+        """``x_adv`` moved into the set (a point :meth:`contains` accepts); points already inside unchanged."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The set in a few words, for flags and reports: ``Linf ball eps=8/255 within bounds (0, 1)``."""
+
+    def noise(self, x: Tensor) -> Tensor | None:
+        """Random points of size ``eps`` in the set around ``x`` (the ``noise-beats-attack`` check, global RNG);
+        None when the threat model has no such check."""
+        return None
+
+
 @dataclass(frozen=True)
-class ThreatModel:
+class ThreatModel(Threat):
     """``norm`` ball of radius ``eps`` around each clean input, within ``bounds = (low, high)``."""
+    kind: ClassVar[str] = "lp"
     norm: Norm
     eps: float
     bounds: tuple[float, float] = (0.0, 1.0)
@@ -56,14 +107,6 @@ class ThreatModel:
         lo, hi = self.bounds
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"bounds must be finite (low, high) with low < high, got {self.bounds}")
-
-    @property
-    def ball_slack(self) -> float:
-        return self.tolerance * max(self.eps if math.isfinite(self.eps) else 0.0, self.bounds[1] - self.bounds[0])
-
-    @property
-    def bounds_slack(self) -> float:
-        return self.tolerance * (self.bounds[1] - self.bounds[0])
 
     def violation(self, x: Tensor, x_adv: Tensor) -> Tensor:
         """Per sample, how far ``x_adv`` lies outside the model (0 inside; ``inf`` for non-finite values):
@@ -97,6 +140,22 @@ class ThreatModel:
             delta = project_ball(delta, self.norm, self.eps)
         # bit-exact for points inside up to the tolerance; the others are recomputed from x
         return torch.where(inside, safe.clamp(lo, hi), (x + delta).clamp(lo, hi)).detach()
+
+    def describe(self) -> str:
+        return f"{self.norm} ball of radius {describe_eps(self.eps)} within bounds {self.bounds}"
+
+    def noise(self, x: Tensor) -> Tensor | None:
+        """ℓ∞: ±eps per pixel with random signs; ℓ2: a Gaussian direction scaled to eps; clipped to the bounds
+        (none for ℓ1 or an infinite or zero eps)."""
+        eps = self.eps
+        if not math.isfinite(eps) or eps <= 0 or self.norm not in ("Linf", "L2"):
+            return None
+        if self.norm == "Linf":
+            d = eps * torch.randint(0, 2, x.shape, device=x.device, dtype=x.dtype).mul(2).sub(1)
+        else:
+            d = torch.randn_like(x)
+            d = eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
+        return (x + d).clamp(*self.bounds)
 
 
 def check_data_in_bounds(x: Tensor, bounds: tuple[float, float], who: str = "the defense",
