@@ -209,10 +209,9 @@ def test_cascade_gives_exact_worst_case_and_every_place_agrees(tiny_data_root, t
     assert accuracy == pytest.approx({c: robust_share for c in CRITERIA})  # exact for every criterion
 
 
-def test_majority_cascade_is_labelled_upper_bound_everywhere(tiny_data_root, tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(Evaluation, "attackable", property(lambda ev: ev.correct_majority))  # the old rule
-    defense, robust_share = _defense(tiny_data_root)
-    run_dir = runner.run(_cfg(tiny_data_root, tmp_path), defense=defense)
+def test_majority_cascade_is_labelled_upper_bound_everywhere(tiny_data_root, tmp_path, capsys) -> None:
+    defense, robust_share = _defense(tiny_data_root)  # the cascade stops once a sample fails the majority
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, decide_by="majority"), defense=defense)
     accuracy = _check_agreement(run_dir, capsys)
     assert accuracy["all"] == accuracy["majority"] == pytest.approx(robust_share)
     assert accuracy["mean"] > robust_share + 0.02  # weak samples keep 0.1-0.5: over-stated ...
@@ -242,7 +241,7 @@ def test_cascade_that_skips_robust_samples_is_an_upper_bound_for_every_criterion
                                                                                   monkeypatch) -> None:
     from harness.cli import main
 
-    monkeypatch.setattr(Evaluation, "attackable", property(lambda ev: torch.zeros_like(ev.finite)))  # attacks nothing
+    monkeypatch.setattr(Evaluation, "attackable_under", lambda ev, _: torch.zeros_like(ev.finite))  # attacks nothing
     defense, _ = _defense(tiny_data_root)
     run_dir = runner.run(_cfg(tiny_data_root, tmp_path, attacks="h1-minus"), defense=defense)
     for c in CRITERIA:

@@ -34,7 +34,7 @@ def test_html_is_self_contained_with_all_plots(html_report: Path) -> None:
     text = html_report.read_text()
     assert not re.search(r'(src|href)="(?!data:)', text)  # no external resources
     alts = re.findall(r'<img class="plot" alt="([^"]+)"', text)
-    assert alts == ["forest plot", "subset histogram", "convergence plot", "epsilon plot"]
+    assert alts == ["forest plot", "subset histogram", "convergence plot", "passes plot", "epsilon plot"]
     for data in re.findall(r'src="data:image/png;base64,([^"]+)"', text):
         img = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
         assert img.shape[0] > 100 and img.shape[1] > 300
@@ -55,7 +55,7 @@ def test_html_opens_in_headless_chromium_without_console_errors(html_report: Pat
     console = [line for line in res.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console
     # the page's own load check: every <img class="plot"> decoded with a non-zero natural width
-    assert 'data-plots-loaded="4"' in res.stdout and 'data-plots-total="4"' in res.stdout
+    assert 'data-plots-loaded="5"' in res.stdout and 'data-plots-total="5"' in res.stdout
     shot = tmp_path / "shot.png"
     _chromium(["--screenshot=" + str(shot), "--window-size=1200,2400", html_report.as_uri()], tmp_path / "profile2")
     img = mpimg.imread(shot)

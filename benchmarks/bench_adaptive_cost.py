@@ -1,0 +1,139 @@
+"""The cheap adaptive schedule against the full one: same defense, same images, does it reach the same verdict, and
+at what cost?
+
+Runs two batteries through ``harness run`` on the same images (``--old``, default ``adaptive``; ``--new``, default
+``adaptive-fast``), each in its own run directory under ``--out`` (named from the settings, so running the same
+command again resumes both), then prints
+
+1. per sample: the worst case under each criterion (all R draws / majority / mean over draws) of each battery, and
+   the network passes each spent on it;
+2. per criterion: the accuracy of each, the samples broken by one battery but not the other, and the paired 95%
+   interval of the difference new - old (``harness.stats.paired``: exact McNemar and the paired interval for the
+   0/1 criteria, the paired interval of the mean scores for ``mean``); a criterion the battery's ``decide_by``
+   leaves as an upper bound is marked ``<=``;
+3. the passes of each (classifier and purifier, forward and backward, from the records' pass columns), the wall
+   time of the attacks (the records' ``time_s``) and the ratios old / new.
+
+Escalation is off by default (both batteries would add different attacks; ``--escalate`` turns it on). For a quick
+check of the machinery, ``--budget-scale 0.02`` scales every iteration, query and rung count of both batteries.
+
+    .venv/bin/python benchmarks/bench_adaptive_cost.py --defense diffpure-ddpm --n 16 --threads 2
+    .venv/bin/python benchmarks/bench_adaptive_cost.py --defense gaussian-noise --defense-opt sigma=0.1 --n 64
+    .venv/bin/python benchmarks/bench_adaptive_cost.py --defense gaussian-noise --n 4 --budget-scale 0.02  # ~1 min
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.api.config import RunConfig, parse_key_values  # noqa: E402
+from harness.api.records import PASS_COLUMNS  # noqa: E402
+from harness.battery.presets import resolve_battery  # noqa: E402
+from harness.run import runner  # noqa: E402
+from harness.stats.paired import compare_paired, compare_paired_scores  # noqa: E402
+from harness.stats.scoring import CRITERIA, worst_case  # noqa: E402
+from harness.store.rundir import load_config, load_records  # noqa: E402
+
+STRICTNESS = {"all": 0, "majority": 1, "mean": 2}  # a run deciding by c is exact under c and the stricter criteria
+
+
+def scaled(battery: str, factor: float) -> list[dict[str, Any]]:
+    """The battery's entries with every iteration, query and rung count multiplied by ``factor`` (at least 1)."""
+    out = []
+    for spec in resolve_battery(battery):
+        entry = spec.to_dict()
+        attack = spec.build(8 / 255, "Linf")
+        options = dict(entry.get("options", {}))
+        for key in ("steps", "queries"):
+            value = options.get(key, attack.config().get(key))
+            if factor != 1 and isinstance(value, int):
+                options[key] = max(1, round(value * factor))
+        entry["options"] = options
+        steps = options.get("steps", attack.config().get("steps"))
+        if factor != 1 and entry.get("rungs") and isinstance(steps, int):
+            kept = sorted({max(1, round(r * factor)) for r in entry["rungs"]} & set(range(1, steps)))
+            if kept:
+                entry["rungs"] = kept
+            else:
+                entry.pop("rungs")
+        out.append(entry)
+    return out
+
+
+def run_battery(args: argparse.Namespace, battery: str) -> Path:
+    cfg = RunConfig(defense=args.defense, defense_opts=parse_key_values(args.defense_opt, "--defense-opt"),
+                    data_root=args.data_root, n=args.n, seed=args.seed, eps=args.eps, attacks=battery,
+                    battery=scaled(battery, args.budget_scale), eval_repeats=args.eval_repeats, eot=args.eot,
+                    escalate=args.escalate, out=args.out, threads=args.threads, batch_size=args.batch_size,
+                    shard_size=args.shard_size, device=args.device, quiet=args.quiet)
+    t0 = time.monotonic()
+    run_dir = runner.run(cfg)
+    print(f"{battery}: {run_dir} ({time.monotonic() - t0:.0f} s in this session)", file=sys.stderr)
+    return run_dir
+
+
+def summary(run_dir: Path) -> tuple[pd.DataFrame, str]:
+    """Per sample: worst case under each criterion and the passes and seconds spent; and the run's decide_by."""
+    recs = load_records(run_dir)
+    cases = {c: worst_case(recs, c) for c in CRITERIA}
+    out = pd.DataFrame({c: pd.Series(wc.worst, index=wc.index) for c, wc in cases.items()})
+    per = recs.assign(passes=recs[list(PASS_COLUMNS)].sum(axis=1))
+    out["passes"] = per.groupby("index")["passes"].sum()
+    out["seconds"] = recs.groupby("index")["time_s"].sum()
+    return out, str(load_config(run_dir).decide_by or "mean")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--defense", required=True)
+    p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE")
+    p.add_argument("--old", default="adaptive", help="the full battery [adaptive]")
+    p.add_argument("--new", default="adaptive-fast", help="the cheap schedule [adaptive-fast]")
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eps", type=float, default=8 / 255)
+    p.add_argument("--eval-repeats", type=int, default=None, help="[10 on a stochastic defense]")
+    p.add_argument("--eot", type=int, default=None, help="EOT of every attack of both batteries [their defaults]")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="scale iterations, queries and rungs [1]")
+    p.add_argument("--escalate", action="store_true", help="let diagnostics add attacks to both runs")
+    p.add_argument("--out", default="runs")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--shard-size", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args()
+    (old, old_rule), (new, new_rule) = (summary(run_battery(args, b)) for b in (args.old, args.new))
+    print(f"\n== {args.defense} {args.defense_opt or ''}, n = {args.n}, seed {args.seed}, eps {args.eps:.5g}; "
+          f"old = {args.old} (decide_by {old_rule}), new = {args.new} (decide_by {new_rule}); load average "
+          + ", ".join(f"{v:.2f}" for v in os.getloadavg()) + " ==")
+    table = old.add_suffix(" old").join(new.add_suffix(" new"))
+    print("\nper sample (worst case per criterion; passes = network passes spent on the sample over every stage):")
+    print(table.to_string(float_format=lambda v: f"{v:.3g}"))
+    print("\n| criterion | old | new | broken by old only | broken by new only | new - old, 95% interval |")
+    print("|---|---|---|---|---|---|")
+    for c in CRITERIA:
+        a, b = new[c].to_numpy(), old[c].to_numpy()
+        cmp = compare_paired(a, b) if c != "mean" else compare_paired_scores(a, b)
+        mark = {r: "<=" if STRICTNESS[c] > STRICTNESS[rule] else "" for r, rule in (("old", old_rule), ("new", new_rule))}
+        d = cmp.difference
+        print(f"| {c} | {mark['old']}{100 * b.mean():.1f}% | {mark['new']}{100 * a.mean():.1f}% | "
+              f"{int(np.sum((b == 0) & (a > 0)))} | {int(np.sum((a == 0) & (b > 0)))} | "
+              f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}] ({d.method}, p = {cmp.p_value:.3g}) |")
+    po, pn, so, sn = old.passes.sum(), new.passes.sum(), old.seconds.sum(), new.seconds.sum()
+    print(f"\npasses per sample: old {po / len(old):,.0f}, new {pn / len(new):,.0f}, old / new {po / max(pn, 1):.2f}")
+    print(f"attack seconds (records' time_s): old {so:,.0f}, new {sn:,.0f}, old / new {so / max(sn, 1e-9):.2f}")
+
+
+if __name__ == "__main__":
+    main()
