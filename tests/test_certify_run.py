@@ -133,6 +133,8 @@ def test_latency_protocol(tiny_data_root, monkeypatch):
     monkeypatch.setattr(hc, "create_defense", lambda spec, **kw: _defense())
     out = latency(_cfg(tiny_data_root, Path("unused")), samples=2)
     assert out["seconds_per_sample"] > 0 and out["samples"] == 2 and out["warmup"] == 1 and out["N"] == 200
+    assert out["seconds_per_draw"] == pytest.approx(out["seconds_per_sample"] / (out["n0"] + out["N"]))
+    assert 0 < out["seconds_per_single_prediction"] < out["seconds_per_sample"]
     assert out["hardware"]["device"] == "cpu" and out["hardware"]["threads"] >= 1
     assert out["hardware"]["cpus"] >= 1 and set(out["load_average"]) == {"before", "after"}
 

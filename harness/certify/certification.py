@@ -198,8 +198,28 @@ def latency(cfg: CertifyConfig, *, samples: int = 5, warmup: int = 1) -> dict[st
     for i in range(warmup):
         _certify_one(defense, x[i], cfg, indices[i])
     times = [_certify_one(defense, x[warmup + i], cfg, indices[warmup + i])[1] for i in range(samples)]
+    single = _single_predictions(defense, x[warmup:], cfg.sigma)
     return {"seconds_per_sample": float(np.mean(times)), "min": float(np.min(times)), "max": float(np.max(times)),
+            "seconds_per_draw": float(np.mean(times)) / (cfg.n0 + cfg.N),
+            "seconds_per_single_prediction": float(np.median(single)),
             "samples": samples, "warmup": warmup, "n0": cfg.n0, "N": cfg.N, "batch_size": cfg.batch_size,
             "hardware": hardware(device), "load_average": {"before": load_before, "after": load_average()}}
+
+
+def _single_predictions(defense: Defense, x: torch.Tensor, sigma: float, repeats: int = 20) -> list[float]:
+    """Seconds of one base-classifier prediction of one noisy image (batch of 1, one draw): the cost of a single
+    prediction without smoothing's many draws, ``repeats`` times after one untimed call."""
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 1):
+            xi = x[i % x.shape[0]].unsqueeze(0)
+            noisy = xi + sigma * torch.randn(xi.shape, generator=gen, device=x.device)
+            t0 = time.perf_counter()
+            defense(noisy)
+            if x.device.type == "cuda":
+                torch.cuda.synchronize(x.device)
+            times.append(time.perf_counter() - t0)
+    return times[1:]
 
 
