@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from .plots import convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
+from .plots import convergence_passes_plot, convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
 from .stochastic_section import HEADER, NOTE, stochastic_cells, stochastic_rows
 from .table import FLAG_MARK, Table, cell_text, columns_note, flag_notes, flagged, pct, planning_note
 
@@ -82,6 +82,12 @@ def render_html(table: Table) -> str:
     conv = convergence_plot(table)
     if conv is not None:
         parts.append(_img(conv, "convergence plot", "Robust accuracy against attack iterations (acc_trace)."))
+    spent = convergence_passes_plot(table)
+    if spent is not None:
+        parts.append(_img(spent, "passes plot", "Samples not yet broken (under the run's decide_by) against the "
+                          "cumulative network passes per sample over the whole cascade; dots mark each stage's end "
+                          "(the recorded verdict). A curve still falling at its right end says more budget would "
+                          "have mattered."))
     eps = eps_plot(table)
     if eps is not None:
         parts.append(_img(eps, "epsilon plot", "Robust accuracy against ε (lowest attack column at each ε)."))

@@ -32,6 +32,8 @@ class RunData:
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     # attack name -> per shard (acc_trace among the attempted samples, attempted count, samples in the shard)
     traces: dict[str, list[tuple[list[float], int, int]]] = field(default_factory=dict)
+    # attack name -> shard -> its side data (attempted, robust_after, passes per attempted sample, rungs, probe)
+    stage_info: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     completeness: Completeness | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -43,6 +45,11 @@ class RunData:
             return self.defense
         declared = (self.provenance.get("defense") or {}).get("name")
         return str(declared) if declared else self.defense
+
+    @property
+    def threat(self) -> str:
+        """The run's threat model (``lp``, ``lowfreq`` or ``corruptions``; runs made before the choice are ``lp``)."""
+        return str(self.config.get("threat") or "lp")
 
     @property
     def partial(self) -> bool:
@@ -64,9 +71,11 @@ def load_run(run_dir: str | Path, *, partial: bool = False) -> RunData:
     cfg = store.load_config(path)
     diagnostics = list(store.load_diagnostics(path))
     traces: dict[str, list[tuple[list[float], int, int]]] = {}
+    stage_info: dict[str, dict[int, dict[str, Any]]] = {}
     counts = records.groupby("shard")["index"].nunique().to_dict() if "shard" in records.columns else {}
     for shard_no, data in store.load_side(path).items():
         for name, info in (data.get("attacks") or {}).items():
+            stage_info.setdefault(name, {})[int(shard_no)] = dict(info or {})
             trace = (info or {}).get("acc_trace")
             if trace:
                 size = int(counts.get(shard_no, 1))
@@ -76,5 +85,6 @@ def load_run(run_dir: str | Path, *, partial: bool = False) -> RunData:
             if diag not in diagnostics:
                 diagnostics.append(diag)
     return RunData(path=path, run_id=path.name, defense=cfg.defense, dataset=cfg.dataset, records=records,
-                   config=cfg.to_dict(), diagnostics=diagnostics, traces=traces, completeness=state,
+                   config=cfg.to_dict(), diagnostics=diagnostics, traces=traces, stage_info=stage_info,
+                   completeness=state,
                    provenance=store.load_provenance(path))

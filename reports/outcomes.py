@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from harness.api.flags import FlagCode
-from harness.api.records import BUDGET_COLUMNS
+from harness.api.records import BUDGET_COLUMNS, PROBE_SKIP
 from harness.stats.scoring import CRITERIA, DESCRIPTION, Criterion, eval_draws, parse_criterion, stages, worst_case
 
 CRITERION_TEXT = {c.value: text for c, text in DESCRIPTION.items()}
@@ -29,7 +29,9 @@ def check_criterion(criterion: str) -> str:
 
 def is_cascade(records: pd.DataFrame, config: dict[str, Any] | None = None) -> bool:
     """Cascade mode (each attack only on samples still robust) unless the run's config says
-    ``every_attack``; without a config, inferred from whether any attack skipped samples."""
+    ``every_attack`` or is a corruptions run; without a config, inferred from whether any attack skipped samples."""
+    if config and config.get("threat") == "corruptions":  # every corruption stage evaluates every sample
+        return False
     if config and "every_attack" in config:
         return not bool(config["every_attack"])
     if "attempted" not in records.columns:
@@ -71,7 +73,8 @@ def stage_flags(records: pd.DataFrame, diagnostics: list[dict[str, Any]]) -> dic
         f: list[str] = []
         if "finite" in rows.columns and not rows["finite"].astype(bool).all():
             f.append(FlagCode.NON_FINITE_LOGITS.value)
-        if "skipped" in rows.columns and (rows["skipped"].fillna("").astype(str) != "").any():
+        reasons = rows["skipped"].fillna("").astype(str) if "skipped" in rows.columns else pd.Series([], dtype=str)
+        if ((reasons != "") & ~reasons.str.startswith(PROBE_SKIP)).any():  # a probe raises probe-only instead
             f.append(FlagCode.STAGE_SKIPPED.value)
         flags[attack] = f
     for diag in diagnostics:

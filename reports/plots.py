@@ -1,7 +1,8 @@
 """Report plots (matplotlib, Agg, no pyplot state) returned as PNG bytes.
 
 Forest plot of accuracy ± interval, subset histogram, robust accuracy vs attack iterations
-(``acc_trace`` from the shard side data) and vs ε when several ε are recorded.
+(``acc_trace`` from the shard side data), vs cumulative network passes (:mod:`reports.convergence`) and vs ε when
+several ε are recorded.
 """
 from __future__ import annotations
 
@@ -90,6 +91,30 @@ def convergence_plot(table: Table) -> bytes | None:
         ax.plot(np.arange(len(curve)), 100 * curve, label=label)
     ax.set_xlabel("attack iteration")
     ax.set_ylabel("robust accuracy (%)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def convergence_passes_plot(table: Table) -> bytes | None:
+    """Share of samples still undecided against cumulative network passes per sample, one curve per run over its
+    whole cascade (:func:`reports.convergence.pass_curves`); None when no run has attack stages."""
+    from .convergence import pass_curves
+
+    curves = pass_curves(table)
+    if not curves:
+        return None
+    fig = Figure(figsize=(7, 3.4))
+    ax = fig.add_subplot()
+    for i, (label, c) in enumerate(curves.items()):
+        color = f"C{i % 10}"
+        ax.plot(np.maximum(c.passes, 1e-3), 100 * c.robust, color=color, label=label)
+        for name, x, y in c.ends:
+            ax.plot([max(x, 1e-3)], [100 * y], "o", color=color, markersize=3)
+            ax.annotate(name, (max(x, 1e-3), 100 * y), fontsize=6, xytext=(2, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative network passes per sample (forward + backward, classifier + purifier)")
+    ax.set_ylabel("not yet broken (%)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _png(fig)

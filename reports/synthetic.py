@@ -22,7 +22,7 @@ from harness.store.rundir import Plan, RunStore
 
 def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tuple[str, float]] = (("pgd", 0.6),),
                       draws: int = 1, draw_p: float = 0.9, seed: int = 0, eps: float = 8 / 255, norm: str = "Linf",
-                      iterations: int = 100, restarts: int = 1, eot: int = 1, queries: int = 0,
+                      threat: str = "lp", band: int | None = None, iterations: int = 100, restarts: int = 1, eot: int = 1, queries: int = 0,
                       noise_samples: int = 0, grad_mode: str = "full", step_size: float = 0.0, schedule: str = "",
                       loss_fn: str = "ce", nonfinite: int = 0, cascade: bool = True, shards: int = 1,
                       latent: np.ndarray | None = None, index_offset: int = 0) -> pd.DataFrame:
@@ -58,10 +58,11 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
                 "time_s": 0.01, "classifier_forward": float(iterations + 1 if stage else 1),
                 "classifier_backward": float(iterations if stage else 0), "purifier_forward": 0.0,
                 "purifier_backward": 0.0, "projected": False, "nonfinite_query": False,
-                "eps": eps if stage else 0.0, "norm": norm, "iterations": iterations if stage else 0,
+                "eps": eps if stage else 0.0, "norm": norm, "threat": threat if stage else "",
+                "band": int(band or 0) if stage else 0, "iterations": iterations if stage else 0,
                 "restarts": restarts if stage else 0, "eot": eot if stage else 0, "grad_mode": grad_mode if stage else "",
                 "queries": queries if stage else 0, "noise_samples": noise_samples, "step_size": step_size if stage else 0.0,
-                "schedule": schedule if stage else "", "loss_fn": loss_fn if stage else "",
+                "schedule": schedule if stage else "", "loss_fn": loss_fn if stage else "", "eot_rule": "",
                 "eot_source": "default" if stage else "", "grad_source": "default" if stage else "", "seed": seed, "skipped": ""})
         if stage:
             alive &= still_attackable(correct_draws, finite) & attempted  # the runner's cascade rule
@@ -82,6 +83,7 @@ def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: 
     attacks = [attack for s, attack in stages(records) if s != 0]
     cfg = RunConfig(defense=defense, dataset=dataset, n=int(len(clean)), seed=int(kwargs.get("seed", 0)),
                     eps=float(kwargs.get("eps", 8 / 255)), norm=str(kwargs.get("norm", "Linf")),
+                    threat=str(kwargs.get("threat", "lp")), band=kwargs.get("band"),
                     eot=int(kwargs.get("eot", 1)), every_attack=not kwargs.get("cascade", True), attacks="synthetic",
                     battery=[{"name": a, "attack": a} for a in attacks], escalate=False, out=str(path.parent),
                     run_id=path.name, shard_size=max(1, -(-len(clean) // shards)))

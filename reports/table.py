@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from harness.stats.intervals import RESOLVABLE_TAIL, Interval, headline_interval, wilson
-from harness.stats.stopping import sequence_interval
+from harness.stats.sequential import Scope
+from harness.stats.stopping import StopKind, StopRule, sequence_interval
 
 from .load import RunData, load_run
 from .outcomes import (
@@ -26,6 +27,7 @@ from .outcomes import (
     outcome_table,
     stage_flags,
 )
+from .threat_check import check_one_threat_model, threat_note
 
 # Short names of the interval methods, written before the brackets of every cell: BCa[low, high].
 METHOD_TAGS = {"bootstrap-bca": "BCa", "bootstrap-percentile": "pct", "clopper-pearson": "CP",
@@ -141,6 +143,7 @@ def build_table(run_dirs: list[Path] | list[RunData], settings: Settings | None 
     if not run_dirs:
         raise ValueError("give at least one run directory")
     runs = [r if isinstance(r, RunData) else load_run(r) for r in run_dirs]
+    check_one_threat_model(runs)  # their numbers measure different things: never one table
     names = [r.name for r in runs]
     labels = [f"{r.name} ({r.run_id})" if names.count(r.name) > 1 else r.name for r in runs]
     rows = [build_row(run, s, label) for run, label in zip(runs, labels)]
@@ -195,8 +198,9 @@ def flag_notes(table: Table) -> list[str]:
     return lines
 
 
-def columns_note(table: Table) -> str:
-    """What an attack column means for these rows (cascade: cumulative; --every-attack: alone)."""
+def columns_note(table: Table, threats: bool = True) -> str:
+    """What an attack column means for these rows (cascade: cumulative; --every-attack: alone), and with
+    ``threats`` their threat model where it is not the usual one (:func:`.threat_check.threat_note`)."""
     alone = [r.label for r in table.rows if not r.cumulative]
     text = ("Attack columns: robust accuracy against all attacks up to that one in battery order (cascade: "
             "worst case so far)")
@@ -215,8 +219,18 @@ def columns_note(table: Table) -> str:
             text += (f" {row.label} was evaluated sequentially (--until {seq['rule']}) and "
                      f"{'stopped' if seq.get('met') else 'ran out of samples'} after {seq['samples']:,} of "
                      f"{seq['population']:,} samples: its intervals are anytime-valid confidence sequences, CS[low, "
-                     "high], which hold at a data-dependent stop; a fixed-n interval would not.")
-    return text
+                     "high], which hold at a data-dependent stop; a fixed-n interval would not. "
+                     + _scope_sentence(seq))
+    return text + (threat_note(table.rows) if threats else "")
+
+
+def _scope_sentence(seq: dict) -> str:
+    """What a sequential run's intervals (and, for ``decided``, its stop) are about; a record without ``about``
+    predates the choice and computed the test-set sequence."""
+    decided = StopRule.parse(seq["rule"], seq.get("against")).kind is StopKind.DECIDED
+    scope = Scope.recorded(seq.get("about"))
+    text = scope.describe(int(seq["population"]), difference=decided)
+    return f"With --about {scope.value}, its intervals{' and its decided stop' if decided else ''} are {text}."
 
 
 def planning_note(table: Table, half_width: float = 0.01) -> str:

@@ -27,7 +27,7 @@ DIFFPURE_RUNS = ("diffpure-oblivious", "none-pgd50-n256", "diffpure-full-vs-bpda
 SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoothing-gaussian-s025-pgd20-eot32",
                   "smoothing-consistency-s025-pgd20-eot32")
 QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md",
-           "docs/diffpure.md")
+           "docs/diffpure.md", "docs/leaderboard.md")
 
 
 @pytest.mark.parametrize("name", FULL)

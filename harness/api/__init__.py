@@ -4,7 +4,8 @@ and the errors. Everything else in the harness is built on these; nothing here i
 
 - :mod:`harness.api.defense`     -- ``Defense`` (purifier + classifier), gradient modes, the defense registry.
 - :mod:`harness.api.attack`      -- ``Attack`` (the base class enforces the threat model), its registry.
-- :mod:`harness.api.threat`      -- ``ThreatModel``: the norm ball and the projection onto it.
+- :mod:`harness.api.threat`      -- ``Threat`` (what the harness asks a threat model) and ``ThreatModel`` (the norm ball).
+- :mod:`harness.api.lowfreq`     -- ``LowFrequency``: an l2 ball restricted to a low-frequency DCT band.
 - :mod:`harness.api.target`      -- gradients under a gradient mode, batched EOT, budget counting.
 - :mod:`harness.api.losses`      -- per-sample attack losses (cross-entropy, margin, DLR).
 - :mod:`harness.api.evaluation`  -- a defense's outputs as predictions (non-finite and tied outputs are never correct).
@@ -30,13 +31,15 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["LOSSES", "get_loss"], "harness.api.losses"),
     **dict.fromkeys(["Registry", "RegistryError"], "harness.api.registry"),
     "Target": "harness.api.target",
-    "ThreatModel": "harness.api.threat",
+    **dict.fromkeys(["Threat", "ThreatModel"], "harness.api.threat"),
+    "LowFrequency": "harness.api.lowfreq",
     **dict.fromkeys(["ConfigError", "DataError", "HarnessError", "MissingInputError", "SetupError", "UsageError"],
                     "harness.errors"),
 }
 __all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "ConfigError", "DEFENSES",
-           "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "MissingInputError", "Registry",
-           "RegistryError", "RunConfig", "SetupError", "SmoothingNoise", "Target", "ThreatModel", "UsageError",
+           "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "LowFrequency", "MissingInputError",
+           "Registry", "RegistryError", "RunConfig", "SetupError", "SmoothingNoise", "Target", "Threat", "ThreatModel",
+           "UsageError",
            "create_attack", "create_defense", "get_loss", "list_attacks", "list_defenses", "register_attack",
            "register_defense"]
 
@@ -55,9 +58,10 @@ if TYPE_CHECKING:
     from harness.api.defense import DEFENSES, Defense, SmoothingNoise, create_defense, list_defenses, register_defense
     from harness.api.flags import FlagCode
     from harness.api.losses import LOSSES, get_loss
+    from harness.api.lowfreq import LowFrequency
     from harness.api.registry import Registry, RegistryError
     from harness.api.target import Target
-    from harness.api.threat import ThreatModel
+    from harness.api.threat import Threat, ThreatModel
     from harness.errors import ConfigError, DataError, HarnessError, MissingInputError, SetupError, UsageError
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.registry import Registry
 from harness.api.target import Target
-from harness.api.threat import NORMS, Norm, project_ball  # noqa: F401  (the threat model defines norms and projection)
+from harness.api.threat import NORMS, Norm, Threat, ThreatModel, project_ball  # noqa: F401  (norms, projection)
 
 
 @dataclass
@@ -51,7 +51,8 @@ class Capabilities:
     ``stochastic_eot``: its EOT on a stochastic defense when nothing else is set (1 on deterministic
     ones). ``supports_autocast``: it runs under ``torch.autocast`` (bfloat16); the harness refuses
     the others with ``--autocast bf16``. ``effort_option``: the option that sets its iterations or
-    queries (escalation multiplies it; ``None``: none).
+    queries (escalation multiplies it; ``None``: none). ``threats``: the kinds of threat model whose set it
+    optimizes in (``harness.api.threat.Threat.kind``); a run of another kind refuses it.
     """
     uses_gradients: bool = True
     returns_failed_input: bool = False
@@ -60,8 +61,11 @@ class Capabilities:
     stochastic_eot: int = 20
     supports_autocast: bool = False
     effort_option: Optional[str] = None
+    threats: tuple[str, ...] = ("lp",)
 
     def __post_init__(self) -> None:
+        if not self.threats:
+            raise ValueError("Capabilities: threats must name at least one kind of threat model (e.g. 'lp')")
         if self.fixed_grad_mode is not None and self.fixed_grad_mode not in GRAD_MODES:
             raise ValueError(f"Capabilities: fixed_grad_mode {self.fixed_grad_mode!r}; accepted: {', '.join(GRAD_MODES)}")
         if isinstance(self.stochastic_eot, bool) or not isinstance(self.stochastic_eot, int) or self.stochastic_eot < 1:
@@ -73,7 +77,9 @@ class AttackBudget:
     """What an attack spends per sample: ``iterations`` per restart (per target class for targeted
     attacks), ``restarts``, the initial ``step_size`` and its ``schedule`` (0 and "" when not
     applicable), the ``loss`` it maximizes, ``queries`` (score/label queries, gradient-free attacks)
-    and ``noise_samples`` (certification). Recorded in every row (``loss`` as column ``loss_fn``)."""
+    and ``noise_samples`` (certification), and ``eot_rule``: how the EOT draws per gradient vary ("" when every
+    gradient takes the resolved ``eot``; e.g. ``adaptive(min=2,cos=0.5)``, the resolved ``eot`` being the most).
+    Recorded in every row (``loss`` as column ``loss_fn``)."""
     iterations: int = 0
     restarts: int = 1
     step_size: float = 0.0
@@ -81,12 +87,13 @@ class AttackBudget:
     loss: str = ""
     queries: int = 0
     noise_samples: int = 0
+    eot_rule: str = ""
 
     def columns(self) -> dict[str, Any]:
         """The record columns of this budget."""
         return {"iterations": int(self.iterations), "restarts": int(self.restarts), "step_size": float(self.step_size),
                 "schedule": str(self.schedule), "loss_fn": str(self.loss), "queries": int(self.queries),
-                "noise_samples": int(self.noise_samples)}
+                "noise_samples": int(self.noise_samples), "eot_rule": str(self.eot_rule)}
 
 
 class Attack(ABC):
@@ -126,6 +133,11 @@ class Attack(ABC):
     def budget(self) -> AttackBudget:
         """What this attack spends per sample; attacks override it (the default declares nothing)."""
         return AttackBudget()
+
+    def threat_model(self, bounds: tuple[float, float]) -> Threat:
+        """The set this attack's own options describe (the ``norm`` ball of radius ``eps``); a stage run without
+        the run's threat model (``harness.run.stage.run_stage`` called on its own) enforces this one."""
+        return ThreatModel(self.norm, self.eps, bounds)
 
     def more_effort(self, factor: int) -> dict[str, Any]:
         """Options that multiply this attack's iterations or queries by ``factor`` (empty: it has none)."""

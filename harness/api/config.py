@@ -23,6 +23,7 @@ from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
+from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id", "data_root", "download",
@@ -30,7 +31,9 @@ NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id"
 # fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
 # otherwise, so older run ids stay valid
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
-                                "compile": False, "module_mode": None, "probe_gradients": True}
+                                "compile": False, "module_mode": None, "probe_gradients": True, "about": None,
+                                "threat": "lp", "corruptions": None, "severities": None,
+                                "band": None, "decide_by": "mean"}
 
 
 @dataclass
@@ -48,10 +51,24 @@ class RunConfig:
     sample_seed: int | None = None
     eps: float = 8 / 255
     norm: str = "Linf"
+    # the threat model: "lp" (the norm ball of radius eps), "lowfreq" (a low-frequency band of perturbations),
+    # "corruptions" (fixed common corruptions, no optimization)
+    threat: str = "lp"
+    # --threat lowfreq: the DCT band, frequencies max(u, v) < band of each channel (None: not given, 8 under lowfreq;
+    # harness.api.threatspec)
+    band: int | None = None
+    # --threat corruptions: which corruptions and severities (None: not given; all 15 and 1-5, harness.sources.corruptions)
+    corruptions: list[str] | None = None
+    severities: list[int] | None = None
     grad: str | None = None  # None: not given (harness.battery.resolve decides per attack; default full)
     eot: int | None = None  # None: not given (harness.battery.resolve: 1 deterministic, the attack's default if stochastic)
     eval_repeats: int | None = None  # None: 10 for stochastic defenses, 1 otherwise
     every_attack: bool = False
+    # the criterion that decides when the cascade stops attacking a sample (harness.stats.scoring.still_attackable):
+    # "mean" (while any draw is correct: exact under every criterion), "majority" or "all" (cheaper; the more lenient
+    # criteria are then upper bounds); None: not given (the battery file's decide_by, else "mean"; a stored config
+    # without it predates the field and ran as "mean")
+    decide_by: str | None = None
     attacks: str | None = None  # None: not given (prepare() picks rand for stochastic defenses, else standard)
     attack_opts: dict[str, Any] = field(default_factory=dict)
     battery: list[dict[str, Any]] = field(default_factory=list)
@@ -76,6 +93,9 @@ class RunConfig:
     quiet: bool = False
     until: str | None = None  # sequential stopping rule (harness.stats.stopping): "half-width=H" or "decided"
     against: str | None = None  # the run directory "decided" compares with
+    # what the --until confidence sequence is about (harness.stats.sequential.Scope); None: not given, "models" with
+    # --until (a stored config without it predates the choice: read_config reads it as "test-set")
+    about: str | None = None
 
     def __post_init__(self) -> None:
         check_values(vars(self), source="RunConfig")
@@ -86,8 +106,11 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def result_dict(self) -> dict[str, Any]:
-        """The fields that determine results (the run-id hash input)."""
-        return {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
+        """The fields that determine results (the run-id hash input). ``decide_by`` not set is ``mean``: what a run
+        stored before the field existed did, and what a run resolves it to when neither it nor its battery says."""
+        out = {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
+        out["decide_by"] = out["decide_by"] or "mean"
+        return out
 
     def fingerprint(self) -> str:
         values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
@@ -105,10 +128,14 @@ RULES: dict[str, Rule] = {
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
     "norm": Rule(choices=("Linf", "L2", "L1")),
+    "threat": Rule(choices=("lp", "lowfreq", "corruptions")),
+    "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),
+    "decide_by": Rule(choices=("all", "majority", "mean")),
     "dataset": Rule(choices=tuple(DATASETS)),
     "autocast": Rule(choices=("none", "bf16")),
     "module_mode": Rule(choices=("eval", "train")),
+    "about": Rule(choices=tuple(s.value for s in Scope)),
 }
 # command-line flags whose name is not --<key with dashes>
 FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate",
@@ -243,4 +270,9 @@ def write_config(cfg: RunConfig, path: str | Path) -> None:
 
 
 def read_config(path: str | Path) -> RunConfig:
-    return config_from_mapping(load_toml(path), source=str(path))
+    """A run directory's stored config; a ``--until`` run stored before ``about`` existed computed the test-set
+    sequence, so it reads as ``about = "test-set"``."""
+    data = load_toml(path)
+    if data.get("until") is not None and "about" not in data:
+        data["about"] = Scope.TEST_SET.value
+    return config_from_mapping(data, source=str(path))

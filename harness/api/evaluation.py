@@ -64,7 +64,11 @@ class Evaluation:
     @property
     def attackable(self) -> Tensor:
         """The cascade attacks these samples further: any draw still correct (:func:`still_attackable`)."""
-        mask = still_attackable(self.correct.cpu().numpy(), self.finite.cpu().numpy())
+        return self.attackable_under(Criterion.MEAN)
+
+    def attackable_under(self, decide_by: str | Criterion) -> Tensor:
+        """The samples still scoring above 0 under ``decide_by`` (:func:`still_attackable`): not decided yet."""
+        mask = still_attackable(self.correct.cpu().numpy(), self.finite.cpu().numpy(), decide_by)
         return torch.from_numpy(mask).to(self.correct.device)
 
     @property

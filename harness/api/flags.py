@@ -37,6 +37,7 @@ class FlagCode(str, Enum):
     VERDICT_DISAGREES = "verdict-disagrees"  # a fresh instance answers otherwise than the one the attacks queried
     UPPER_BOUND = "upper-bound"  # reports: a cascade skipped a sample that still had correct draws
     STAGE_SKIPPED = "stage-skipped"  # reports: a stage was not run on some shards, its gradient mode found dead
+    PROBE_ONLY = "probe-only"  # a probed stage broke none of its probe, so it did not attack the other samples
 
     def __str__(self) -> str:
         return self.value
@@ -125,6 +126,10 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
     FlagCode.STAGE_SKIPPED: Explanation(
         "the stage was not run on some shards (its gradient mode was found dead); its column repeats the one before.",
         "read the escalation columns, or run with --no-skip-dead-gradients."),
+    FlagCode.PROBE_ONLY: Explanation(
+        "the attack ran on a random probe of the samples still robust and broke none, so it did not attack the "
+        "others; the flag's value bounds (95%) the share of them it would have broken.",
+        "to attack every sample, drop the entry's probe or give a larger one."),
 }
 
 

@@ -41,15 +41,22 @@ _SIZE = "size of the evaluated perturbation (after any projection); NaN when not
 _PASSES = ("passes through the defense's networks counted by hooks, in images, for the stage's attack and evaluation, "
            "divided by the attempted samples (0 where not attempted; the clean stage counts its R evaluation passes) "
            "([costs](presets.md#costs))")
-_THREAT = "the threat model the attack ran under (0 and empty at stage 0)"
+_THREAT = ("the threat model: the attack's ε and norm, and the kind the harness enforced (`lp`: the norm ball; `lowfreq`: "
+           "the ℓ2 ball in the DCT band `max(u, v) < band`; `corruptions`: a corruption stage; [threat "
+           "models](threat-models.md)) with its band (0 unless `lowfreq`); 0 and empty at stage 0; records written "
+           "before `threat` existed read as `lp`")
 _BUDGET = ("the attack's declared budget (`harness.api.attack.AttackBudget`): iterations per restart (per target "
            "class for targeted attacks), restarts, initial step size and its schedule, the loss it maximizes, "
            "score/label queries, certification noise samples (0 or empty where not applicable)")
 _EOT = ("EOT draws per gradient (per query score for Square and RayS) the attack ran with, and where that value came "
         "from")
+_EOT_RULE = ("how the EOT draws varied: empty when every gradient took `eot` draws; `adaptive(min=M,cos=C)` when each "
+             "sample's draws moved between M and `eot` with the agreement of its gradient estimates "
+             "([adaptive EOT](presets.md#adaptive-eot)); empty in records written before the column")
 _GRAD = ("gradient mode through the purifier (`full`, `bpda`, `surrogate`, or `none` for attacks that use no "
          "gradients of the defense) and where it came from (`attack`, `attack-option`, `run`, `battery`, `default`, "
          "or `probe`: moved off a mode the first-batch gradient probe found dead)")
+PROBE_SKIP = "probe:"  # the start of `skipped` on samples a probed stage did not attack (harness.run.schedule)
 _K, _O, _T, _P, _B, _V = (ColumnKind.KEY, ColumnKind.OUTCOME, ColumnKind.TIMING, ColumnKind.PASSES, ColumnKind.BUDGET,
                           ColumnKind.PROVENANCE)
 _I64, _F64, _BOOL, _STR = pa.int64(), pa.float64(), pa.bool_(), pa.string()
@@ -83,7 +90,7 @@ RECORD_COLUMNS: tuple[Column, ...] = (
     Column("classifier_backward", _F64, _P, _PASSES, 0.0),
     Column("purifier_forward", _F64, _P, _PASSES, 0.0),
     Column("purifier_backward", _F64, _P, _PASSES, 0.0),
-    Column("projected", _BOOL, _O, "the attack's answer lay outside the threat model (ε-ball or input bounds) and the "
+    Column("projected", _BOOL, _O, "the attack's answer lay outside the threat model (ε-ball, band or input bounds) and the "
                                    "harness projected it back before evaluating it "
                                    "([flag](flags.md#threat-model-violation))", False),
     Column("nonfinite_query", _BOOL, _O, "during the stage some queried input inside this sample's ball gave NaN/inf "
@@ -91,6 +98,8 @@ RECORD_COLUMNS: tuple[Column, ...] = (
                                          "draws are correct)", False),
     Column("eps", _F64, _B, _THREAT),
     Column("norm", _STR, _B, _THREAT),
+    Column("threat", _STR, _B, _THREAT),
+    Column("band", _I64, _B, _THREAT),
     Column("iterations", _I64, _B, _BUDGET),
     Column("restarts", _I64, _B, _BUDGET),
     Column("eot", _I64, _B, _EOT),
@@ -100,12 +109,15 @@ RECORD_COLUMNS: tuple[Column, ...] = (
     Column("step_size", _F64, _B, _BUDGET),
     Column("schedule", _STR, _B, _BUDGET),
     Column("loss_fn", _STR, _B, _BUDGET),
+    Column("eot_rule", _STR, _B, _EOT_RULE),
     Column("eot_source", _STR, _V, _EOT),
     Column("grad_source", _STR, _V, _GRAD),
     Column("seed", _I64, _V, "the run seed (the stage's own seeds derive from run seed, shard and stage)"),
     Column("skipped", _STR, _V, "empty when the stage ran on this shard; else why it was not run (its gradient mode "
                                 "was found dead on the shard, [`stage-skipped`](flags.md#stage-skipped)): no sample is "
-                                "attempted and the cascade carries every sample past it unchanged (version 2)"),
+                                "attempted and the cascade carries every sample past it unchanged (version 2); "
+                                "`probe: ...` on the samples a probed stage did not attack because its probe broke "
+                                "none ([`probe-only`](flags.md#probe-only))"),
 )
 
 SCHEMA = pa.schema([(c.name, c.type) for c in RECORD_COLUMNS])

@@ -83,7 +83,8 @@ def expected(hint: Any, rule: Rule = NO_RULE) -> str:
             parts.append("a table (e.g. {bits = 3})")
         elif base is list:
             (item,) = typing.get_args(member) or (Any,)
-            parts.append("a list of integers" if item is int else "a list of tables")
+            parts.append("a list of integers" if item is int else "a list of strings" if item is str
+                         else "a list of tables")
         else:
             parts.append(getattr(member, "__name__", str(member)))
     return " or ".join(parts)

@@ -29,7 +29,7 @@ from harness.api.evaluation import predictions
 from harness.api.gradmodes import GRAD_MODES, GradMode
 from harness.api.losses import LossFn
 from harness.api.passes import PassCount, counting
-from harness.api.threat import ThreatModel
+from harness.api.threat import Threat
 
 __all__ = ["BIG", "PassCount", "Target", "Witnesses"]
 
@@ -41,12 +41,12 @@ class Witnesses:
     """Per clean input (``anchors``), the first queried input inside its threat-model ball at which the
     defense gave no answer: non-finite or tied top logits (``found``; valid where ``has``)."""
     anchors: Tensor
-    threat: ThreatModel
+    threat: Threat
     found: Tensor
     has: Tensor
 
     @classmethod
-    def watch(cls, x: Tensor, threat: ThreatModel) -> "Witnesses":
+    def watch(cls, x: Tensor, threat: Threat) -> "Witnesses":
         x = x.detach()
         return cls(x, threat, x.clone(), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device))
 
@@ -73,7 +73,9 @@ class Target:
     ``eot_chunk`` bounds how many copies go through the network at once (memory);
     the copies of a chunk run in one batched forward pass. ``budget`` counts the passes of the
     defense's networks during this target's calls; ``witnesses`` (set by :meth:`watch`) collects
-    non-finite queries. Views from :meth:`with_options` share both.
+    non-finite queries. Views from :meth:`with_options` share both. ``threat``: the threat model the harness
+    enforces on this target's answers (set by the stage; None outside a run), which attacks that optimize in its
+    set read (``Capabilities.threats``).
     """
     defense: Defense
     grad_mode: GradMode = "full"
@@ -83,6 +85,7 @@ class Target:
     witnesses: Witnesses | None = None
     # a new defense instance for every forward pass (a defense that keeps state: ``harness.diagnostics.preflight``)
     fresh: Callable[[], Defense] | None = None
+    threat: Threat | None = None
 
     def __post_init__(self) -> None:
         if self.grad_mode not in GRAD_MODES:
@@ -103,9 +106,9 @@ class Target:
     def with_options(self, *, grad_mode: GradMode | None = None, eot: int | None = None) -> "Target":
         """A view with another gradient mode or EOT count that shares this target's budget and witnesses."""
         return Target(self.defense, grad_mode or self.grad_mode, eot or self.eot, self.eot_chunk, self.budget,
-                      self.witnesses, self.fresh)
+                      self.witnesses, self.fresh, self.threat)
 
-    def watch(self, x: Tensor, threat: ThreatModel) -> Witnesses:
+    def watch(self, x: Tensor, threat: Threat) -> Witnesses:
         """Collect, from now on, witnesses of outputs without an answer (NaN/inf, tied top logits) for ``x``."""
         self.witnesses = Witnesses.watch(x, threat)
         return self.witnesses

@@ -14,6 +14,26 @@ from harness.battery.spec import AttackSpec
 from harness.errors import MissingInputError, UsageError
 
 ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.diagnostics.escalation)
+DECIDE_BY = ("all", "majority", "mean")  # a battery file's decide_by: the stop rule it was laid out for
+
+
+def battery_file(attacks: str, preset_dir: Path | None = None) -> Path | None:
+    """The TOML file ``--attacks`` names (a path, or a preset's file); None for attack names."""
+    attacks = attacks.strip()
+    path = Path(attacks).expanduser()
+    if attacks.endswith(".toml") or path.is_file():
+        return path if path.is_file() else None
+    return preset_path(attacks, [preset_dir] if preset_dir else preset_dirs())
+
+
+def battery_decide_by(attacks: str, preset_dir: Path | None = None) -> str | None:
+    """The ``decide_by`` a battery file sets (the run's default for ``--decide-by``); None when it sets none."""
+    path = battery_file(attacks, preset_dir)
+    value = None if path is None else load_toml(path).get("decide_by")
+    if value is not None and value not in DECIDE_BY:
+        raise UsageError(f"battery file {str(path)!r}: decide_by = {value!r}; accepted: {', '.join(DECIDE_BY)}")
+    return value
+
 
 def load_preset_file(path: Path) -> list[AttackSpec]:
     data = load_toml(path)

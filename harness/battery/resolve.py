@@ -156,14 +156,21 @@ def describe(name: str, r: Resolved) -> str:
 
 
 def check_battery(specs: list[AttackSpec], defense: Defense, *, eps: float, norm: str, run_grad: str | None,
-                  run_eot: int | None, autocast: str = "none",
-                  probe: GradientProbe | None = None) -> list[tuple[str, Resolved]]:
+                  run_eot: int | None, autocast: str = "none", probe: GradientProbe | None = None,
+                  threat: str = "lp") -> list[tuple[str, Resolved]]:
     """Build every entry and resolve its settings before any work, so a bad option, a conflicting
-    gradient mode or EOT, an attack that cannot run under ``autocast`` or a gradient mode the defense
-    does not offer fails at once. Returns ``(name, resolved)`` per entry (for the log)."""
+    gradient mode or EOT, an attack that cannot run under ``autocast``, a gradient mode the defense
+    does not offer or an attack made for another kind of ``threat`` model (``Capabilities.threats``) fails at
+    once. Returns ``(name, resolved)`` per entry (for the log)."""
     out = []
     for spec in specs:
-        r = resolve(spec, spec.build(eps, norm), stochastic=defense.stochastic, run_grad=run_grad, run_eot=run_eot,
+        attack = spec.build(eps, norm)
+        if threat not in attack.capabilities.threats:
+            made_for = " or ".join(attack.capabilities.threats)
+            raise UsageError(f"attack {spec.name!r} ({spec.attack}) optimizes in {made_for} threat models, not "
+                             f"{threat}; under --threat {threat} use attacks made for it (e.g. --attacks "
+                             f"{'lowfreq' if threat == 'lowfreq' else 'standard'}; docs/threat-models.md)")
+        r = resolve(spec, attack, stochastic=defense.stochastic, run_grad=run_grad, run_eot=run_eot,
                     autocast=autocast, probe=probe)
         try:
             Target(defense, r.target_grad, r.eot)  # type: ignore[arg-type]

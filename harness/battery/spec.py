@@ -12,6 +12,11 @@ from harness.api.gradmodes import GRAD_MODES
 from harness.errors import HarnessError, UsageError, one_line, user_frame
 
 RESOLVER_OPTIONS = ("grad", "eot")  # per-attack options read by the resolver, never passed to the attack
+# how the stage spends the attack's budget (harness.run.schedule), never passed to the attack: ``rungs`` (iteration
+# counts after which the samples already decided stop, the others continue) and ``probe`` (a gradient-free attack
+# runs on a random share or number of the survivors first, and on the rest only if it broke one of them)
+SCHEDULE_OPTIONS = ("rungs", "probe")
+ENTRY_KEYS = ("name", "attack", "options", "grad", "eot", *SCHEDULE_OPTIONS)
 
 
 @dataclass
@@ -24,6 +29,8 @@ class AttackSpec:
     options: dict[str, Any] = field(default_factory=dict)
     grad: str | None = None
     eot: int | None = None
+    rungs: list[int] | None = None
+    probe: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "battery") -> "AttackSpec":
@@ -32,17 +39,36 @@ class AttackSpec:
             raise UsageError(f"{source}: an attack entry needs 'attack' (registry name) and/or 'name'; got {d}")
         d.setdefault("attack", d.get("name"))
         d.setdefault("name", d["attack"])
-        unknown = sorted(set(d) - {"name", "attack", "options", "grad", "eot"})
+        unknown = sorted(set(d) - set(ENTRY_KEYS))
         if unknown:
             raise UsageError(f"{source}: attack {d['name']!r} has unknown key(s) {', '.join(unknown)}; "
-                             "accepted: name, attack, options, grad, eot")
+                             f"accepted: {', '.join(ENTRY_KEYS)}")
         if d.get("grad") is not None and d["grad"] not in GRAD_MODES:
             raise UsageError(f"{source}: attack {d['name']!r} grad {d['grad']!r}; accepted: {', '.join(GRAD_MODES)}")
-        return cls(name=str(d["name"]), attack=str(d["attack"]), options=dict(d.get("options") or {}),
-                   grad=d.get("grad"), eot=d.get("eot"))
+        spec = cls(name=str(d["name"]), attack=str(d["attack"]), options=dict(d.get("options") or {}),
+                   grad=d.get("grad"), eot=d.get("eot"), rungs=d.get("rungs"), probe=d.get("probe"))
+        spec.schedule(source)  # a malformed rungs or probe fails naming the entry
+        return spec
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def schedule(self, where: str = "battery") -> tuple[list[int], float | None]:
+        """The entry's checked ``rungs`` (increasing positive iteration counts; [] for none) and ``probe`` (a share
+        in (0, 1) or a number of samples >= 1; None for none); a per-attack option outranks the entry key."""
+        rungs = self.options.get("rungs", self.rungs)
+        probe = self.options.get("probe", self.probe)
+        if rungs is None:
+            rungs = []
+        if (not isinstance(rungs, list) or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in rungs)
+                or any(b <= a for a, b in zip(rungs, rungs[1:]))):
+            raise UsageError(f"{where}: attack {self.name!r} rungs = {rungs!r}; expected a list of increasing "
+                             "iteration counts >= 1, below the attack's own, e.g. [25, 50, 100]")
+        if probe is not None and (isinstance(probe, bool) or not isinstance(probe, (int, float)) or probe <= 0
+                                  or (isinstance(probe, float) and probe >= 1)):
+            raise UsageError(f"{where}: attack {self.name!r} probe = {probe!r}; expected a share of the samples "
+                             "still robust in (0, 1), e.g. 0.25, or a number of them >= 1, e.g. 16")
+        return list(rungs), probe
 
     def build(self, eps: float, norm: str) -> Attack:
         """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own. The
@@ -78,5 +104,5 @@ class AttackSpec:
             raise UsageError(f"{where}: {one_line(exc)}") from exc
 
     def _create(self, **run: Any) -> Attack:
-        options = {k: v for k, v in self.options.items() if k not in RESOLVER_OPTIONS}
+        options = {k: v for k, v in self.options.items() if k not in RESOLVER_OPTIONS + SCHEDULE_OPTIONS}
         return ATTACKS.create(self.attack, **{**run, **options})

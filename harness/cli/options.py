@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import typing
+from pathlib import Path
 from typing import Any
 
 from harness.api.config import FLAGS, RULES, RunConfig
@@ -40,6 +41,10 @@ RUN_HELP: dict[str, str] = {
            "[default: 1, or 20 on a stochastic defense]",
     "eval_repeats": "evaluations of each final input [default: 10 if stochastic, else 1]",
     "every_attack": "run every attack on every sample (default: cascade, each attack only on samples still robust)",
+    "decide_by": "stochastic defenses: the criterion after which the cascade stops attacking a sample: mean (while "
+                 "any draw is correct; exact under every report criterion), majority, or all (stop at the first "
+                 "wrong draw: cheapest, exact under --criterion all, the other criteria upper bounds) [default: the "
+                 "battery file's decide_by, else mean]",
     "escalate": "do not add attacks when a diagnostic fires (flags are still reported)",
     "skip_dead_gradients": "run every battery stage even after its gradient mode was found dead (zero or non-finite "
                            "on every probed sample); by default such stages are skipped and recorded as skipped",
@@ -64,6 +69,17 @@ RUN_HELP: dict[str, str] = {
              "sequence answers: half-width=H (e.g. 0.01 = ±1 point on the worst case) or decided (the paired "
              "difference to --against RUN excludes 0) [default: evaluate all --n]",
     "against": "run directory that --until decided compares with (same --n, --seed and --until order)",
+    "threat": "threat model: lp (the --norm ball of radius --eps), lowfreq (low-frequency perturbations) or "
+              "corruptions (common corruptions, no optimization); docs/threat-models.md [default: lp]",
+    "band": "with --threat lowfreq: the DCT band, perturbations in the frequencies max(u, v) < BAND of each channel "
+            "(8 of 32 on CIFAR-10: 1/16 of the dimensions) [default: 8]",
+    "corruptions": "with --threat corruptions: the CIFAR-10-C corruptions to evaluate, separated by commas, e.g. "
+                   "gaussian_noise,fog [default: all 15]",
+    "severities": "with --threat corruptions: the severities to evaluate (1 to 5), separated by commas, e.g. 1,3,5 "
+                  "[default: 1,2,3,4,5]",
+    "about": "what the --until confidence sequence is about: models (the test images as an i.i.d. sample of the "
+             "data distribution: a claim about the models) or test-set (these --n images only: a claim about this "
+             "test set, which two different models almost always 'decide' near its end) [default: models]",
 }
 def _indices(text: str) -> list[int]:
     try:
@@ -72,9 +88,23 @@ def _indices(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--indices ")) from None
 
 
-_TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str, "indices": _indices}  # parsed further than their annotation says
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _integers(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas (e.g. 1,3,5), got {text!r}") from None
+
+
+# parsed further than their annotation says
+_TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str, "indices": _indices, "corruptions": _names,
+                          "severities": _integers}
 _METAVARS = {"defense_opts": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN",
-             "indices": "FILE|LIST"}
+             "indices": "FILE|LIST", "corruptions": "NAME,...", "severities": "S,...", "about": "|".join(RULES["about"].choices)}
+_SCHEMA_CHECKED = {"about"}  # choices checked by the schema after parsing (a one-line error), not by argparse
 
 
 def _base_type(hint: Any) -> Any:
@@ -82,12 +112,15 @@ def _base_type(hint: Any) -> Any:
     return args[0] if args else hint
 
 
-def add_config_options(p: argparse.ArgumentParser) -> None:
-    """One option per :data:`RUN_HELP` field of ``RunConfig``, default ``None`` ("not given": a ``--config`` file
-    or the dataclass default applies, see :func:`config_overrides`)."""
+def add_config_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """One option per :data:`RUN_HELP` field of ``RunConfig`` (but the fields in ``exclude``, which a command sets
+    itself), default ``None`` ("not given": a ``--config`` file or the dataclass default applies, see
+    :func:`config_overrides`)."""
     hints = typing.get_type_hints(RunConfig)
     defaults = RunConfig()
     for name, text in RUN_HELP.items():
+        if name in exclude:
+            continue
         flag, rule, kind = FLAGS.get(name, "--" + name.replace("_", "-")), RULES.get(name), _base_type(hints[name])
         default = getattr(defaults, name)
         hidden = "[default" in text or default is None or isinstance(default, bool) or default == {}
@@ -99,7 +132,7 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
             kw.update(action="append", metavar=_METAVARS[name])
         else:
             kw["type"] = _TYPES.get(name, kind)
-            if rule is not None and rule.choices and rule.low is None:
+            if rule is not None and rule.choices and rule.low is None and name not in _SCHEMA_CHECKED:
                 kw["choices"] = list(rule.choices)
             if name in _METAVARS:
                 kw["metavar"] = _METAVARS[name]
@@ -115,7 +148,7 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     ``KEY=VALUE`` lists parsed."""
     from harness.api.config import parse_key_values
 
-    values = {name: getattr(args, name) for name in RUN_HELP}
+    values = {name: getattr(args, name, None) for name in RUN_HELP}  # a field a command excluded: not given
     values["n"] = parse_n(values["n"]) if values["n"] is not None else None
     for name in ("defense_opts", "attack_opts"):
         values[name] = parse_key_values(values[name], FLAGS[name]) or None
@@ -157,3 +190,20 @@ def add_statistics_options(p: argparse.ArgumentParser, *, bootstrap: bool = True
         p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
         p.add_argument("--resamples", type=RESAMPLES, default=10_000,
                        help="bootstrap resamples, at least 1000 (default 10000)")
+
+
+def check_output(output: Path | None, stem: str, fmt: str) -> None:
+    """``--output`` must name a file (checked before any work); ``stem``.``fmt`` is the example the error gives."""
+    if output is not None and output.is_dir():
+        raise UsageError(f"--output {str(output)!r} is a directory; --output/-o takes a file path, e.g. "
+                         f"{str(output / (stem + '.' + fmt))!r}")
+
+
+def emit(text: str, output: Path | None) -> None:
+    """A command's result: written atomically to ``output`` (saying so), else printed."""
+    if output is None:
+        print(text, end="")
+        return
+    from harness import atomic
+    atomic.write_text(output, text)
+    print(f"wrote {output}")

@@ -34,11 +34,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from harness.api.eot import agreement
 from harness.api.evaluation import correct
 from harness.api.flags import FlagCode
 from harness.api.losses import cross_entropy, margin
 from harness.api.target import Target
-from harness.api.threat import project_ball
+from harness.api.threat import ThreatModel, project_ball
 from harness.diagnostics import escalation
 from harness.diagnostics.gradcheck import carries_signal, gradient_health, identity_like, jacobian_alignment
 
@@ -191,9 +192,9 @@ def check_threat_model(c: _Evidence) -> Flag | None:
         return None
     worst = float(violation[projected].max())
     return Flag(FlagCode.THREAT_MODEL_VIOLATION, c.name, f"{int(projected.sum())} adversarial input(s) lay outside the threat "
-                f"model ({threat.norm} ball of radius {threat.eps:.4g} within bounds {threat.bounds}); worst violation "
-                f"{worst:.3g}; the harness projected them back before evaluating", "fix the attack: it must return inputs "
-                "inside the eps-ball and the input bounds", worst)
+                f"model ({threat.describe()}); worst violation {worst:.3g}; the harness projected them back before "
+                "evaluating", "fix the attack: it must return inputs inside the threat model (the eps-ball, its band if "
+                "any, and the input bounds)", worst)
 
 
 def check_gradients(c: _Evidence) -> Flag | None:
@@ -247,11 +248,7 @@ def check_eot(c: _Evidence) -> Flag | None:
     x, y, xa = c.probe(EOT_PROBE)
     if x.shape[0] == 0:
         return None
-    t = c.target(c.eot)
-    g1 = t.value_and_grad(xa, y, cross_entropy, c.eot)[1].flatten(1)
-    g2 = t.value_and_grad(xa, y, cross_entropy, c.eot)[1].flatten(1)
-    cos = torch.nn.functional.cosine_similarity(g1, g2, dim=1, eps=1e-30)
-    value = torch.nan_to_num(cos, nan=0.0).mean().item()
+    value = agreement(c.target(c.eot), xa, y, cross_entropy, c.eot).mean().item()  # the adaptive EOT's measurement
     if value < EOT_MIN_COSINE:
         return Flag(FlagCode.EOT_DISAGREE, c.name, f"two independent EOT-{c.eot} gradient estimates have mean cosine "
                     f"{value:.2f}", "use more EOT draws per gradient", value)
@@ -332,30 +329,26 @@ def check_blackbox(c: _Evidence) -> Flag | None:
 
 
 def check_noise(c: _Evidence) -> Flag | None:
-    x, y, _ = c.probe(NOISE_SAMPLES)
-    eps = float(getattr(c.attack, "eps", 0.0))
-    if x.shape[0] == 0 or not math.isfinite(eps) or eps <= 0 or c.attack.norm not in ("Linf", "L2"):
-        return None
-    lo, hi = c.defense.bounds
-    t = c.target()
+    """Random points of the stage's threat model (``Threat.noise``: the ε-ball's sphere, or the band's) that break
+    samples the attack failed on."""
     x, y, xa = c.probe(NOISE_SAMPLES)
+    threat = getattr(c.o, "threat", None) or ThreatModel(c.attack.norm, float(c.attack.eps), c.defense.bounds)
+    if x.shape[0] == 0 or not math.isfinite(threat.eps) or threat.eps <= 0 or threat.norm not in ("Linf", "L2"):
+        return None
+    t = c.target()
     # the attack's own point, evaluated the same way: count only samples the attack failed on under this evaluation
     at_adv = t.predict(xa, c.draws)
     failed = correct(at_adv, y)
     broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     for _ in range(4):
-        if c.attack.norm == "Linf":
-            d = eps * torch.randint(0, 2, x.shape, device=x.device, dtype=x.dtype).mul(2).sub(1)
-        else:
-            d = torch.randn_like(x)
-            d = eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
-        logits = t.predict((x + d).clamp(lo, hi), c.draws)
+        logits = t.predict(threat.noise(x), c.draws)
         broken |= ~correct(logits, y)
     n = int((broken & failed).sum())
     if n and n / x.shape[0] >= (0.1 if c.defense.stochastic else 0.0):
-        return Flag(FlagCode.NOISE_BEATS_ATTACK, c.name, f"random {c.attack.norm} noise of norm {eps:.3g} broke {n} of "
-                    f"{x.shape[0]} samples {c.name} failed on", "the attack is not working (masking or bad step size): "
-                    "add gradient-free attacks (Square, RayS) and check gradients", n / x.shape[0])
+        return Flag(FlagCode.NOISE_BEATS_ATTACK, c.name, f"random noise of size {threat.eps:.3g} in the threat model "
+                    f"({threat.describe()}) broke {n} of {x.shape[0]} samples {c.name} failed on", "the attack is not "
+                    "working (masking or bad step size): add gradient-free attacks (Square, RayS) and check gradients",
+                    n / x.shape[0])
     return None
 
 
@@ -388,10 +381,12 @@ def check_verdict(c: _Evidence) -> Flag | None:
     return _disagreement_flag(getattr(c.o, "agreement", None), c.name, bool(c.defense.stochastic))
 
 
-def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False) -> list[dict[str, Any]]:
-    """The flags of the clean stage (ties, a fresh instance disagreeing), in the stored flag format."""
-    flags = [f for f in (_tie_flag(ev.tied, "clean"), _disagreement_flag(agreement, "clean", stochastic)) if f]
-    return [{**f.to_dict(), "code": f.code.value, "shard": shard, "stage": 0} for f in flags]
+def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False, name: str = "clean",
+                stage: int = 0) -> list[dict[str, Any]]:
+    """The flags of the clean stage (ties, a fresh instance disagreeing), in the stored flag format; ``name`` and
+    ``stage`` name another stage that evaluates fixed inputs (a corruption, ``harness.run.corruption_stages``)."""
+    flags = [f for f in (_tie_flag(ev.tied, name), _disagreement_flag(agreement, name, stochastic)) if f]
+    return [{**f.to_dict(), "code": f.code.value, "shard": shard, "stage": stage} for f in flags]
 
 
 CHECKS = (check_ties, check_verdict, check_acc_trace, check_probability_logits, check_nonfinite, check_threat_model, check_gradients, check_loss_flat, check_eot,

@@ -99,6 +99,39 @@ def gradient_free(stochastic: bool, norm: str) -> list[dict[str, Any]]:
     return out
 
 
+# under a low-frequency threat model each escalation runs its counterpart that optimizes in the band (attack, options
+# to add, and the name that replaces the attack's in the escalation's name); escalations without one (RayS,
+# joint-rec, transfer) are dropped
+LOWFREQ_COUNTERPARTS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "bpda-eot": ("pgd-lowfreq", {"steps": 100, "grad": "bpda"}, "pgd-lowfreq-bpda-eot"),
+    "pgd": ("pgd-lowfreq", {}, "pgd-lowfreq"), "apgd-dlr": ("apgd-lowfreq-dlr", {}, "apgd-lowfreq-dlr"),
+    "apgd-ce": ("apgd-lowfreq-ce", {}, "apgd-lowfreq-ce"), "square": ("square-lowfreq", {}, "square-lowfreq"),
+}
+
+
+def threat_kind(attack: Attack) -> str:
+    """The kind of threat model an attack optimizes in (``lp`` when it serves several)."""
+    kinds = attack.capabilities.threats
+    return "lp" if "lp" in kinds else kinds[0]
+
+
+def for_threat(specs: list[dict[str, Any]], kind: str, own: str | None = None) -> list[dict[str, Any]]:
+    """Escalation specs for a run of threat-model ``kind``: unchanged for ``lp``; for ``lowfreq`` each attack's
+    counterpart in the band (:data:`LOWFREQ_COUNTERPARTS`; ``esc-apgd-dlr`` becomes ``esc-apgd-lowfreq-dlr``) with the
+    escalation's options, and the flagged stage's own attack ``own`` (more iterations or EOT draws of it)."""
+    if kind != "lowfreq":
+        return specs
+    out = []
+    for spec in specs:
+        if spec["attack"] == own:
+            out.append(spec)
+        elif spec["attack"] in LOWFREQ_COUNTERPARTS:
+            attack, extra, name = LOWFREQ_COUNTERPARTS[spec["attack"]]
+            out.append({**spec, "name": spec["name"].replace(spec["attack"], name, 1), "attack": attack,
+                        "options": {**extra, **spec.get("options", {})}})
+    return out
+
+
 def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[str, Any]]:
     """The specs that build under the run's threat model (e.g. RayS is ℓ∞-only); the others are
     dropped, never run half-valid."""
@@ -117,7 +150,15 @@ def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[s
 def rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad_mode: str, stochastic: bool,
           has_aux: bool, has_surrogate: bool = False, eot: int = 1, value: float = math.nan) -> list[dict[str, Any]]:
     """Escalation specs for a flag ``code`` raised on the stage ``spec``/``attack``, which ran with
-    ``grad_mode`` and ``eot`` (empty: none applies)."""
+    ``grad_mode`` and ``eot`` (empty: none applies), for the kind of threat model ``attack`` optimizes in
+    (:func:`for_threat`)."""
+    return for_threat(_rules(code, spec=spec, attack=attack, has_purifier=has_purifier, grad_mode=grad_mode,
+                             stochastic=stochastic, has_aux=has_aux, has_surrogate=has_surrogate, eot=eot, value=value),
+                      threat_kind(attack), getattr(spec, "attack", None))
+
+
+def _rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad_mode: str, stochastic: bool,
+           has_aux: bool, has_surrogate: bool = False, eot: int = 1, value: float = math.nan) -> list[dict[str, Any]]:
     code = FlagCode(code)
     own_grad = grad_mode if attack.capabilities.uses_gradients else None
     out: list[dict[str, Any]] = []
@@ -136,4 +177,40 @@ def rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad
         out = more_eot(spec, attack, eot, value)
     elif code == FlagCode.ACC_STILL_FALLING:
         out = more_iterations(spec, attack)
+    return out
+
+
+GRADIENT_CHECKS = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD, FlagCode.CE_VANISHING, FlagCode.LOSS_FLAT,
+                             FlagCode.IDENTITY_JACOBIAN, FlagCode.MASKING_LARGE_EPS})  # raised on gradient attacks only
+
+
+def could_fire(code: FlagCode, attack: Attack, *, stage: int, stochastic: bool) -> bool:
+    """Whether an after-stage check (``harness.diagnostics.after_stage``) can raise ``code`` on stage number
+    ``stage`` running ``attack``: the conditions under which each check looks at all."""
+    grads = bool(attack.capabilities.uses_gradients)
+    if code in GRADIENT_CHECKS:
+        return grads
+    if code == FlagCode.EOT_DISAGREE:
+        return grads and stochastic
+    if code == FlagCode.BLACKBOX_BEATS_WHITEBOX:
+        return not grads and stage > 1
+    return code in (FlagCode.ACC_STILL_FALLING, FlagCode.NOISE_BEATS_ATTACK, FlagCode.PROBABILITY_LOGITS)
+
+
+def possible(spec: Any, attack: Attack, *, stage: int, has_purifier: bool, grad_mode: str, stochastic: bool,
+             has_aux: bool, has_surrogate: bool = False, eot: int = 1) -> list[tuple[FlagCode, dict[str, Any]]]:
+    """Every escalation a flag on stage ``stage`` (``spec``/``attack``, run with ``grad_mode`` and ``eot``) could add,
+    with the code that would add it (the first one, by code order): what a run adds at most after that stage. An
+    ``eot-disagree`` flag is taken at its worst (the most draws)."""
+    out: list[tuple[FlagCode, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for code in FlagCode:
+        if not could_fire(code, attack, stage=stage, stochastic=stochastic):
+            continue
+        for s in buildable(rules(code, spec=spec, attack=attack, has_purifier=has_purifier, grad_mode=grad_mode,
+                                 stochastic=stochastic, has_aux=has_aux, has_surrogate=has_surrogate, eot=eot),
+                           attack.eps, attack.norm):
+            if s["name"] not in seen:
+                seen.add(s["name"])
+                out.append((code, s))
     return out

@@ -208,18 +208,19 @@ def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: f
 
 def preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
               module_mode: str | None = None, gradients: bool = True,
-              fresh: Callable[[], Defense] | None = None) -> Preflight:
+              fresh: Callable[[], Defense] | None = None, threat: str = "lp") -> Preflight:
     """Every check of the module docstring on the first inputs ``x`` (labels ``y``) of a run; puts the defense in
     its module mode. ``fresh`` gives instances as they were before any query (the state check needs them; without
     it, state is left to the verdict). Raises :class:`UsageError` for a defense that cannot be evaluated as
-    declared."""
+    declared. ``threat``: the run's kind of threat model (the gradient-free attacks a finding adds are made for it)."""
     with seeded(seed, x.device):  # the checks' own passes seed themselves; this keeps the rest from leaking
         return _preflight(defense, x, y, seed=seed, eps=eps, norm=norm, batch_size=batch_size,
-                          module_mode=module_mode, gradients=gradients, fresh=fresh)
+                          module_mode=module_mode, gradients=gradients, fresh=fresh, threat=threat)
 
 
 def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
-               module_mode: str | None, gradients: bool, fresh: Callable[[], Defense] | None) -> Preflight:
+               module_mode: str | None, gradients: bool, fresh: Callable[[], Defense] | None,
+               threat: str = "lp") -> Preflight:
     check_data_in_bounds(x, defense.bounds, who=f"defense {defense_name(defense)}")
     x, y = x[:FIRST_BATCH], y[:FIRST_BATCH]
     if x.shape[0] == 0:
@@ -255,13 +256,16 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float,
                              f"batch (alone or in another order, max logit difference {diff:.3g}): it uses batch "
                              "statistics, so results would depend on --batch-size; fix the defense (e.g. BatchNorm in "
                              "eval mode), or evaluate each sample alone with --batch-size 1")
+    # the gradient-free attacks a finding adds, made for the run's kind of threat model
+    blackbox = escalation.buildable(escalation.for_threat(escalation.gradient_free(defense.stochastic, norm), threat),
+                                    eps, norm)
     diff = _grad_changes_output(defense, x, seed)
     if diff > 0:
         findings.append(_finding(FlagCode.GRAD_CHANGES_OUTPUT, f"the defense's outputs differ with autograd on and off "
                                  f"(max logit difference {diff:.3g}): gradient attacks differentiate another function "
                                  "than the one evaluated", "make the forward pass independent of torch.is_grad_enabled(); "
                                  "the gradient attacks' numbers are upper bounds, gradient-free attacks were added", diff,
-                                 escalation.buildable(escalation.gradient_free(defense.stochastic, norm), eps, norm)))
+                                 blackbox))
     ties = int((predictions(out.float()) == TIED).sum())
     if ties:
         findings.append(_finding(FlagCode.TIED_LOGITS, f"{ties} of {x.shape[0]} clean first-batch input(s) have a tie "
@@ -271,7 +275,6 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float,
     instance = (lambda: apply_module_mode(fresh(), mode)) if stateful and fresh is not None else None
     probe = (probe_gradients(defense, x, y, seed=seed, eps=eps, norm=norm, fresh=instance) if gradients
              else GradientProbe(offered))
-    blackbox = escalation.buildable(escalation.gradient_free(defense.stochastic, norm), eps, norm)
     if probe.dead:
         modes = ", ".join(m for m, _ in probe.dead)
         instead = f"gradient attacks run in {probe.live[0]} mode instead" if probe.live else "no gradient mode is live"

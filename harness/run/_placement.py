@@ -42,13 +42,13 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
     x, y = data.get(indices[:cfg.batch_size], device)
     fresh = None if pristine is None else (lambda: copy.deepcopy(pristine).to(device))
     pf = preflight(defense.to(device), x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=cfg.batch_size,
-                   module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh)
+                   module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat)
     for finding in pf.findings:
         log.warning("preflight: %s: %s", finding["code"], finding["message"])
     placed = _ready(cfg, defense, pristine, device, pf)
     for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps,
                                         norm=cfg.norm, run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast,
-                                        probe=pf.probe):
+                                        probe=pf.probe, threat=cfg.threat):
         log.info("%s", describe(name, resolved))
     return placed
 

@@ -15,19 +15,23 @@ import torch
 
 from harness.api.config import RunConfig, check_values, config_warnings
 from harness.api.defense import Defense, create_defense
+from harness.api.threatspec import ThreatSpec
 from harness.battery.catalog import default_preset
-from harness.battery.presets import resolve_battery
+from harness.battery.presets import battery_decide_by, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.errors import UsageError
 from harness.progress import get_logger
+from harness.run import corruption_stages
 from harness.run._placement import place_and_check
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
+from harness.run.schedule import check_schedule
 from harness.run.shards import RunShards
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import TestSet, load_test_set
+from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
 from harness.store.rundir import Plan, RunStore, load_provenance, load_records, make_run_id, validate_run_id
@@ -41,6 +45,7 @@ LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a 
 def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, Defense, TestSet, list[int]]:
     """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats)."""
     check_values(vars(cfg), source=None)  # the config schema again: fields may have been set after construction
+    cfg.band = ThreatSpec.from_config(cfg).band  # a threat model that does not fit (lowfreq under Linf) fails here
     if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
         torch.set_num_threads(cfg.threads)
     if defense is None:
@@ -58,20 +63,29 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
         raise UsageError(f"defense {cfg.defense!r} was built from {len(shared)} of the test samples this run would "
                          f"evaluate (e.g. indices {example}): its numbers would be measured on its own calibration "
                          "data; build it from the training split, or evaluate other samples (--n, --seed)")
+    corruption_stages.check_config(cfg)  # --threat corruptions: no battery, the corruptions resolved
+    if cfg.about is not None and cfg.until is None:
+        raise UsageError(f"--about {cfg.about} says what the confidence sequence of --until is about; it goes with --until")
     if cfg.until is not None or cfg.against is not None:
         StopRule.parse(cfg.until or "", cfg.against)  # a bad rule fails before any work
         indices = sequence_order(indices, cfg.seed)
+        cfg.about = cfg.about or Scope.MODELS.value  # what "A is more robust than B" means
     if cfg.eval_repeats is None:
         cfg.eval_repeats = 10 if defense.stochastic else 1
+    if cfg.threat == corruption_stages.THREAT:
+        cfg.decide_by = cfg.decide_by or "mean"  # no cascade: every corruption stage evaluates every sample
+        return cfg, defense, data, indices
     if cfg.attacks is None:  # no battery named: AutoAttack's advice, EOT (rand) for randomized defenses
         cfg.attacks = default_preset(defense.stochastic)
         log.info("no --attacks given: using the %r battery for this %s defense", cfg.attacks,
                  "stochastic" if defense.stochastic else "deterministic")
     if not cfg.battery:
         cfg.battery = [s.to_dict() for s in resolve_battery(cfg.attacks, cfg.attack_opts)]
+    cfg.decide_by = cfg.decide_by or battery_decide_by(cfg.attacks) or "mean"  # the cascade's stop rule
+    check_schedule([AttackSpec.from_dict(s) for s in cfg.battery], cfg.eps, cfg.norm, every_attack=cfg.every_attack)
     # build and resolve every entry now so a bad option fails before any work (logged after the preflight)
     check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps, norm=cfg.norm,
-                  run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast)
+                  run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast, threat=cfg.threat)
     return cfg, defense, data, indices
 
 
@@ -86,12 +100,17 @@ def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int
     return list(range(i, n_shards, n))
 
 
-def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int = CALIBRATION_SAMPLES) -> Estimate:
+def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int | None = None) -> Estimate:
     """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.run.estimate`); runs
     nothing else and writes nothing."""
     cfg, defense, data, indices = prepare(cfg, defense)
+    if cfg.threat == corruption_stages.THREAT:
+        raise UsageError("--estimate times attack stages; a --threat corruptions run has none (it costs one evaluation "
+                         "of each image per stage and eval repeat, plus generating the corrupted images once)")
     placed = place_and_check(cfg, defense, data, indices)
-    return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=placed.preflight.probe)
+    pf = placed.preflight
+    return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
+                    findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
@@ -122,10 +141,20 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     plan = Plan.split(indices, cfg.shard_size)
     selected = np.asarray(indices, dtype=np.int64)
     fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
+    corrupted = None
+    if cfg.threat == corruption_stages.THREAT:  # generated (or read from the cache) now, and fingerprinted
+        if name != "local":
+            raise UsageError(f"--executor {name} does not run --threat corruptions yet; use --executor local (or "
+                             "--shard-slice for several jobs)")
+        corrupted = corruption_stages.prepare_images(cfg, data, plan)
+        fp = corrupted.fingerprint(fp)
     placed = place_and_check(cfg, defense, data, indices)  # before any work
     defense, device, pf = placed.defense, placed.device, placed.preflight
-    if len(indices) >= LONG_RUN and not cfg.quiet:  # a calibration batch costs < 1% of such a run
-        log.info("%s", estimate(cfg, defense, data, indices, device, probe=pf.probe).text())
+    est = None
+    if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of such a run
+        est = estimate(cfg, defense, data, indices, device, probe=pf.probe, findings=pf.findings,
+                       verifier=placed.verifier, stateful=pf.stateful)
+        log.info("%s", est.text())
     store = RunStore(Path(cfg.out) / (run_id or make_run_id(cfg)))
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
@@ -137,6 +166,9 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     mine = slice_shards(len(shards), shard_slice)
     ctx = RunShards(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards),
                    probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful)
+    ctx.corrupted = corrupted
+    if est is not None:  # what a stage not timed yet in this run costs, for the time left
+        ctx.progress.prior(est.priors())
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
     try:  # phase A: the configured battery on every shard (of this slice; up to the stop of a sequential run)
         if cfg.until is not None:
@@ -178,8 +210,9 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int
     names, done, work = ctx.steps("attacks")
     for name in names:
         ctx.bar(name)
-    rule = StopRule.parse(cfg.until, cfg.against)
+    rule, scope = StopRule.parse(cfg.until, cfg.against), Scope(cfg.about)
     population, confidence = len(plan.indices), 0.95
+    about = scope.describe(population, difference=rule.kind is StopKind.DECIDED)
     paired = None
     if rule.kind is StopKind.DECIDED:
         other = Path(rule.against)
@@ -187,7 +220,7 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int
             raise UsageError(f"--against {rule.against!r} must be a complete run over the same samples in the same "
                              "order: run it with the same --n, --seed and an --until rule")
         paired = ordered_worst(load_records(other), plan.indices)
-    ctx.progress.start_phase("attacks", population * len(names))
+    ctx.progress.start_phase("attacks", population * len(names), names)
     state, k = None, 0
     for k in range(len(shards) + 1):
         done_samples = sum(len(idx) for idx in shards[:k])
@@ -196,10 +229,10 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int
             if paired is not None and len(paired) < len(scores):
                 log.warning("the run to compare with holds only %d samples; stopping there, undecided", len(paired))
                 break
-            state = check(rule, scores, population=population, confidence=confidence,
+            state = check(rule, scores, images=population, scope=scope, confidence=confidence,
                           paired=None if paired is None else paired[:len(scores)])
-            log.info("sequential: %d of %d samples, %s [%.4f, %.4f]%s", done_samples, population,
-                     "difference" if paired is not None else "worst-case", state.low, state.high,
+            log.info("sequential: %d of %d samples, %s [%.4f, %.4f] %s%s", done_samples, population,
+                     "difference" if paired is not None else "worst-case", state.low, state.high, about,
                      "; stopping: " + rule.describe() if state.stop else "")
             if state.stop:
                 break
@@ -207,7 +240,8 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int
             break
         take(ctx.store, k, shards[k], ctx.job(names, done, work), blocking=True)
     with store.run_lock():
-        store.record_sequential({"rule": cfg.until, "against": cfg.against, "population": population,
-                                 "confidence": confidence, "shards": k, "samples": sum(len(i) for i in shards[:k]),
+        store.record_sequential({"rule": cfg.until, "against": cfg.against, "about": scope.value,
+                                 "population": population, "confidence": confidence, "shards": k,
+                                 "samples": sum(len(i) for i in shards[:k]),
                                  "met": bool(state and state.stop), "state": state.to_dict() if state else None})
     return k

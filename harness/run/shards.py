@@ -3,6 +3,7 @@ per-attack progress, and the computation of one shard's stages, written as one P
 shard through :meth:`RunShards.each_shard` (the shard protocol of :mod:`harness.store.shards`)."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable
 
@@ -12,19 +13,25 @@ import torch
 
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.api.threatbuild import build_threat
+from harness.api.threatspec import PERTURBATION_KINDS, ThreatSpec
 from harness.battery.resolve import GradientProbe, resolve
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar
 from harness.run._acceleration import as_input
+from harness.run.rungs import run_rung_stage
+from harness.run.schedule import run_probed, stage_extras
 from harness.run.stage import clean_stage, flag_dict, run_stage, skipped_stage, uses_dead_gradient
 from harness.run.verdict import Verifier
 from harness.sources.datasets import TestSet
-from harness.stats.scoring import attackable_rows, stages
+from harness.stats.scoring import attackable_after, stages
+from harness.store.partial import bytes_frame, drop_partial, frame_bytes, load_partial, save_partial
 from harness.store.rundir import COLUMNS, RunStore
 from harness.store.shards import ShardJob, each_shard
 
 log = get_logger("runner")
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
 
 class RunShards:
@@ -38,18 +45,34 @@ class RunShards:
         # a defense that keeps state is queried on a fresh instance per pass (harness.diagnostics.preflight)
         self.fresh = verifier.instances()[1] if verifier is not None and stateful else None
         self.bars: dict[str, Any] = {}
+        self.corrupted: Any = None  # a --threat corruptions run's images (harness.run.corruption_stages.Corrupted)
+        # the threat model every stage enforces, built from the config (not from what an attack says)
+        spec = ThreatSpec.from_config(cfg)
+        self.threat = build_threat(spec, defense.bounds) if spec.kind in PERTURBATION_KINDS else None
         self.progress = StageLog(log, enabled=not cfg.quiet and not bars_enabled(cfg.quiet))  # lines instead of bars
 
     def bar(self, name: str) -> Any:
         if not bars_enabled(self.cfg.quiet):
             return NoBar()
-        if name not in self.bars:
-            self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars))
+        if name not in self.bars:  # no per-bar time left: the postfix shows the phase's, weighted by stage cost
+            self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars),
+                                           bar_format=BAR_FORMAT)
         return self.bars[name]
+
+    def stage_done(self, **summary: Any) -> None:
+        """Count a finished stage of a shard in the progress, and show the phase's time left on the bars."""
+        self.progress.stage_done(**summary)
+        if self.bars:
+            text = self.progress.left_text()
+            for bar in self.bars.values():
+                bar.set_postfix_str(text)
 
     def steps(self, phase: str) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
         """The attack names of ``phase`` (``attacks``: the battery; ``escalation``: ``cfg.escalations``), whether a
         shard has them stored, and the work computing them on a shard: what every executor runs per shard."""
+        if self.corrupted is not None:  # no attacks: one stage per corruption and severity
+            from harness.run.corruption_stages import steps
+            return steps(self, phase)
         base = [AttackSpec.from_dict(s) for s in self.cfg.battery]
         if phase == "attacks":
             return ([b.name for b in base], lambda s: self.store.shard_stages(s) is not None,
@@ -71,7 +94,9 @@ class RunShards:
     def each_shard(self, shards: list[list[int]], which: list[int], phase: str, names: list[str], *,
                    done: Callable[[int], bool], work: Callable[[int, list[int]], None]) -> None:
         """Run ``work`` on every shard in ``which`` not ``done``, by the shard protocol (:mod:`harness.store.shards`)."""
-        self.progress.start_phase(phase, sum(len(shards[s]) for s in which) * len(names))
+        self.progress.start_phase(phase, sum(len(shards[s]) for s in which) * len(names), names,
+                                  then="escalations if a diagnostic fires" if phase == "attacks" and self.cfg.escalate
+                                  else "")
         each_shard(self.store, shards, which, self.job(names, done, work),
                    waiting=lambda s: log.info("%s: shard %d/%d is being computed by another process; waiting for it",
                                               phase, s + 1, len(shards)))
@@ -88,15 +113,26 @@ class RunShards:
 
     def run_shard(self, shard: int, indices: list[int], specs: list[AttackSpec], *, first_stage: int,
                   prior: pd.DataFrame | None) -> list[dict[str, Any]]:
-        """Compute stages ``specs`` of one shard and write it (caller holds its lock); returns per-stage counts."""
+        """Compute stages ``specs`` of one shard and write it (caller holds its lock); returns per-stage counts.
+
+        The shard's progress is stored after every stage and rung (:mod:`harness.store.partial`), so a resumed
+        shard continues where it stopped."""
         cfg, summary = self.cfg, []
+        decide_by = cfg.decide_by or "mean"
         x, y = self.data.get(indices, self.device)
         x = as_input(x, cfg.channels_last)
         anchors = self.data.get(indices, self.device)[0]  # re-read: what the verdict checks the balls against
+        key = {"first_stage": first_stage, "names": [s.name for s in specs], "indices": [int(i) for i in indices]}
+        stored = load_partial(self.store.records_dir, shard, key)
         frames, side = [], {"stages": [], "attacks": {}, "diagnostics": []}
         adv: dict[str, Any] | None = None
         dead: tuple[str, str] | None = None  # (gradient mode, why) once a stage found that mode dead on this shard
-        if prior is None:
+        if stored is not None:  # continue where an interrupted computation of this shard stopped
+            frames, side = [bytes_frame(stored["frames"])], json.loads(stored["side"])
+            robust, adv = stored["robust"].to(self.device), stored.get("adv")
+            dead = tuple(stored["dead"]) if stored.get("dead") else None  # type: ignore[assignment]
+            log.info("shard %d/%d: continuing after %d stored stage(s)", shard + 1, self.n_shards, stored["done"])
+        elif prior is None:
             cols, ev, agreement = clean_stage(self.defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed,
                                               shard=shard, batch_size=cfg.batch_size, verifier=self.verifier,
                                               anchors=anchors)
@@ -104,7 +140,7 @@ class RunShards:
             side["stages"].append("clean")
             side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=shard,
                                                                  stochastic=self.defense.stochastic))
-            robust = ev.attackable.clone()
+            robust = ev.attackable_under(decide_by).clone()
         else:
             old, done = self.store.read_side(shard), int(prior.stage.max())
             names = [attack for _, attack in stages(prior)]
@@ -115,13 +151,21 @@ class RunShards:
                 side["dead"] = old["dead"]
                 dead = (str(old["dead"][0]), str(old["dead"][1]))
             frames.append(prior[COLUMNS])
-            ran = prior[prior.skipped == ""]  # a skipped stage left every sample's state as it was
-            last = ran[ran.stage == ran.stage.max()].set_index("index").loc[indices]
-            robust = torch.tensor(attackable_rows(last), device=self.device)
+            state = attackable_after(prior, decide_by)  # the cascade's state after the stored stages
+            robust = torch.tensor(state.loc[indices].to_numpy(), device=self.device)
             adv = self.store.read_adversarials(shard) if cfg.save_adversarials else None
         if cfg.save_adversarials and adv is None:
             adv = {"index": torch.as_tensor(indices), "x_adv": {}}
+
+        def save(done: int, rung: dict[str, Any] | None = None) -> None:
+            save_partial(self.store.records_dir, shard, key, {
+                "done": done, "frames": frame_bytes(pd.concat(frames, ignore_index=True)), "side": json.dumps(side),
+                "robust": robust.cpu(), "dead": list(dead) if dead else None, "adv": adv, "rung": rung})
+
+        start = int(stored["done"]) if stored is not None else 0
         for k, spec in enumerate(specs):
+            if k < start:
+                continue
             stage = first_stage + k
             before = robust if not cfg.every_attack else torch.ones_like(robust)
             attack = spec.build(cfg.eps, cfg.norm)
@@ -133,7 +177,8 @@ class RunShards:
                 why = dead[1]
             if why:
                 cols = skipped_stage(spec, attack, self.defense, len(indices), reason=why, grad=cfg.grad,
-                                     eot=cfg.eot, run_seed=cfg.seed, autocast=cfg.autocast, probe=self.probe)
+                                     eot=cfg.eot, run_seed=cfg.seed, autocast=cfg.autocast, probe=self.probe,
+                                     threat=self.threat)
                 frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
                 side["stages"].append(spec.name)
                 side["attacks"][spec.name] = {"attempted": 0, "robust_after": int(robust.sum()), "skipped": why}
@@ -141,21 +186,36 @@ class RunShards:
                     adv["x_adv"][spec.name] = x.cpu()
                 self.bar(spec.name).update(len(indices))
                 log.info("shard %d/%d, %s: skipped, %s", shard + 1, self.n_shards, spec.name, why)
-                summary.append(dict(stage=spec.name, attempted=0, robust=int(robust.sum()), seconds=0.0))
-                self.progress.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
+                summary.append(dict(stage=spec.name, attempted=0, robust=int(robust.sum()), seconds=0.0, checks=0.0))
+                self.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
+                save(k + 1)
                 continue
             self.progress.stage_start(shard=shard, n_shards=self.n_shards, stage=spec.name, attempted=int(before.sum()))
             t0 = time.monotonic()
-            outcome, cols, _ = run_stage(stage, spec, attack, self.defense, x, y, before, grad=cfg.grad, eot=cfg.eot,
-                                         repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
-                                         batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe,
-                                         verifier=self.verifier, anchors=anchors, fresh=self.fresh)
+            options = dict(grad=cfg.grad, eot=cfg.eot, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
+                           batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe, verifier=self.verifier,
+                           anchors=anchors, fresh=self.fresh, threat=self.threat, decide_by=decide_by)
+            rungs, share = spec.schedule()
+            extra: dict[str, Any] = {}
+            if rungs:
+                resume = stored.get("rung") if stored is not None and k == start else None
+                outcome, cols, extra["rungs"] = run_rung_stage(
+                    stage, spec, attack, self.defense, x, y, before, rungs=rungs, resume=resume,
+                    save=lambda progress, k=k: save(k, progress), **options)
+            elif share is not None and not cfg.every_attack:
+                outcome, cols, extra["probe"], flag = run_probed(run_stage, stage, spec, attack, self.defense, x, y,
+                                                                  before, share=share, **options)
+                side["diagnostics"].extend([flag] if flag else [])
+            else:
+                outcome, cols, _ = run_stage(stage, spec, attack, self.defense, x, y, before, **options)
+            seconds, t0 = time.monotonic() - t0, time.monotonic()  # the stage, then its diagnostics
             if not cfg.every_attack:
                 robust = outcome.robust_after
             frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
             side["stages"].append(spec.name)
-            side["attacks"][spec.name] = {"attempted": int(before.sum()), "robust_after": int(outcome.robust_after.sum()),
-                                          **{k2: v for k2, v in outcome.result.extras.items() if k2 == "acc_trace"}}
+            side["attacks"][spec.name] = {"attempted": int(outcome.robust_before.sum()),
+                                          "robust_after": int(outcome.robust_after.sum()),
+                                          **stage_extras(outcome, cols), **extra}
             flags = diagnostics.after_stage(outcome)
             side["diagnostics"].extend(flag_dict(f, outcome) for f in flags)
             if dead is None and prior is None and cfg.skip_dead_gradients:  # the configured battery only
@@ -165,13 +225,16 @@ class RunShards:
                     side["dead"] = list(dead)  # the escalation phase skips this mode on this shard too
             if adv is not None:
                 full = x.clone()
-                full[before] = outcome.x_adv
+                full[outcome.robust_before] = outcome.x_adv
                 adv["x_adv"][spec.name] = full.cpu()
             self.bar(spec.name).update(len(indices))
-            summary.append(dict(stage=spec.name, attempted=int(before.sum()), robust=int(outcome.robust_after.sum()),
-                                seconds=time.monotonic() - t0))
-            self.progress.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
+            summary.append(dict(stage=spec.name, attempted=int(outcome.robust_before.sum()),
+                                robust=int(outcome.robust_after.sum()), seconds=seconds, checks=time.monotonic() - t0))
+            self.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
+            if k + 1 < len(specs):
+                save(k + 1)
         self.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, adv)
+        drop_partial(self.store.records_dir, shard)
         return summary
 
     @staticmethod

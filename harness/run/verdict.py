@@ -30,7 +30,7 @@ from torch import Tensor
 from harness.api._seeding import seeded
 from harness.api.defense import Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
-from harness.api.threat import ThreatModel
+from harness.api.threat import Threat
 from harness.diagnostics.preflight import apply_module_mode
 
 DISAGREE_ALPHA = 1e-3  # sign-test level at which a stochastic defense's two evaluations are said to disagree
@@ -91,9 +91,10 @@ def verifier_for(pristine: Defense | None, spec: str, options: dict[str, Any], d
                     factory=lambda: place(create_defense(spec, **options)))
 
 
-def reanchor(anchors: Tensor, x_adv: Tensor, threat: ThreatModel) -> tuple[Tensor, Tensor]:
-    """``x_adv`` inside the threat-model balls of ``anchors`` (the clean images re-read from the data set), and the
-    mask of points that had to be projected there (an attack or defense moved the images the ball was built on)."""
+def reanchor(anchors: Tensor, x_adv: Tensor, threat: Threat) -> tuple[Tensor, Tensor]:
+    """``x_adv`` inside the threat model's sets around ``anchors`` (the clean images re-read from the data set; the
+    run's threat object, whatever its kind), and the mask of points that had to be projected there (an attack or
+    defense moved the images the set was built on)."""
     outside = ~threat.contains(anchors, x_adv) if x_adv.shape[0] else torch.zeros(0, dtype=torch.bool,
                                                                                    device=x_adv.device)
     return (threat.project(anchors, x_adv) if bool(outside.any()) else x_adv), outside

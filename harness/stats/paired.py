@@ -16,7 +16,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from harness.stats.intervals import RESOLVABLE_TAIL, Interval, _check_confidence, bootstrap, wilson
+from harness.stats.intervals import (
+    RESOLVABLE_TAIL,
+    Interval,
+    _check_confidence,
+    bootstrap,
+    clopper_pearson,
+    wilson,
+)
 
 UNPAIRED_WARNING = ("the two runs were evaluated on different samples ({detail}), so the comparison is unpaired: "
                     "it cannot cancel the per-sample difficulty both defenses share, so its interval is wider and "
@@ -146,6 +153,42 @@ def compare_unpaired(a: np.ndarray, b: np.ndarray, *, confidence: float = 0.95, 
     _, p = two_proportion_test(int(a.sum()), a.size, int(b.sum()), b.size)
     return Comparison(diff, p, "two-proportion z-test (pooled)", False, a.size, b.size,
                       warning=UNPAIRED_WARNING.format(detail=detail))
+
+
+def compare_paired_scores(a: np.ndarray, b: np.ndarray, *, confidence: float = 0.95, seed: int = 0,
+                          n_resamples: int = 10_000) -> Comparison:
+    """Paired comparison of per-sample scores in [0, 1] (fractions, e.g. a mean over corruptions): the interval of
+    mean(a - b) and a sign-flip permutation test of it (swapping a sample's two scores is the null of no difference).
+
+    The interval is the paired BCa bootstrap when at least ``RESOLVABLE_TAIL`` samples score higher under a and as
+    many under b; otherwise bounds that need no resampling: mean(a - b) lies in [-P(a < b), P(a > b)] (every
+    difference is in [-1, 1]), each end the exact Clopper-Pearson bound of its share, so each fails with
+    probability at most (1 - confidence) / 2 (``paired-clopper-pearson-bounds``). ``a_only``/``b_only`` count the
+    samples on which a/b scores higher."""
+    a, b = (np.asarray(v, dtype=float).ravel() for v in (a, b))
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"paired scores must have equal, non-zero length, got {a.size} and {b.size}")
+    if not np.all((a >= 0) & (a <= 1) & (b >= 0) & (b <= 1)):
+        raise ValueError("per-sample scores must lie in [0, 1]")
+    _check_confidence(confidence)
+    d = a - b
+    higher_a, higher_b = int(np.sum(d > 0)), int(np.sum(d < 0))
+    if min(higher_a, higher_b) >= RESOLVABLE_TAIL:
+        iv = bootstrap(d, confidence=confidence, seed=seed, n_resamples=n_resamples, method="BCa")
+        diff = Interval(iv.estimate, iv.low, iv.high, f"paired-{iv.method}", confidence, iv.n)
+    else:
+        diff = Interval(float(d.mean()), -clopper_pearson(higher_b, d.size, confidence).high,
+                        clopper_pearson(higher_a, d.size, confidence).high, "paired-clopper-pearson-bounds",
+                        confidence, d.size)
+    if higher_a + higher_b == 0:
+        p = 1.0
+    else:
+        res = stats.permutation_test((a, b), lambda x, y, axis: np.mean(x - y, axis=axis), vectorized=True,
+                                     permutation_type="samples", n_resamples=n_resamples,
+                                     rng=np.random.default_rng(seed), batch=max(1, 10_000_000 // d.size))
+        p = float(res.pvalue)
+    return Comparison(diff, p, "sign-flip permutation test (paired, on the mean score difference)", True, a.size,
+                      b.size, higher_a, higher_b)
 
 
 def compare_outcomes(a: pd.Series, b: pd.Series, **kwargs: Any) -> Comparison:

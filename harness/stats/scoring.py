@@ -13,10 +13,14 @@ and 0 under every criterion when any draw's logits were non-finite (NaN/inf is n
 The per-sample worst case is the minimum of the stage scores over the clean stage and every
 attack stage that attempted the sample (with several recorded seeds, over every seed's stages).
 
-The cascade keeps attacking a sample while any draw is still correct (:func:`still_attackable`),
-so it drops a sample only once it scores 0 under every criterion, and the worst case is exact for
-all three criteria. Records in which a sample was skipped while its worst case so far was above 0
-(e.g. from a cascade that dropped samples by majority) give only an upper bound under that
+By default (``decide_by = "mean"``) the cascade keeps attacking a sample while any draw is still correct
+(:func:`still_attackable`), so it drops a sample only once it scores 0 under every criterion, and the worst
+case is exact for all three criteria. A run may decide by a stricter criterion (``decide_by = "all"`` or
+``"majority"``): the cascade then drops a sample once its worst case under that criterion is 0, which can no
+longer change that criterion's worst case (scores are 0 or 1 and the worst case is a minimum); it stays exact
+under that criterion and every stricter one (``all`` is stricter than ``majority``, which is stricter than
+``mean``). Records in which a sample was skipped while its worst case so far was above 0 (the more lenient
+criteria of such a run, or a cascade that dropped samples by majority) give only an upper bound under that
 criterion; :class:`WorstCase` says so per column. A stage recorded as ``skipped`` (its gradient mode
 was found dead on that shard, :func:`harness.diagnostics.after_stage.dead_gradient`) is not such a gap: it is
 reported by its own flag, ``stage-skipped``. The cascade tables, the stochastic section,
@@ -77,13 +81,16 @@ def stage_score(correct: np.ndarray, criterion: str | Criterion, finite: np.ndar
     return score
 
 
-def still_attackable(correct: np.ndarray, finite: np.ndarray | None = None) -> np.ndarray:
-    """True while any draw is still correct (and no draw was non-finite): the cascade attacks on.
+def still_attackable(correct: np.ndarray, finite: np.ndarray | None = None,
+                     decide_by: str | Criterion = Criterion.MEAN) -> np.ndarray:
+    """True while the sample still scores above 0 under ``decide_by`` at this stage: the cascade attacks on.
 
-    A sample for which this is False scores 0 under every criterion, so dropping it cannot
-    make any criterion's worst case too high.
+    Under the default, ``mean``, that is while any draw is still correct (and no draw was non-finite): a sample
+    for which this is False scores 0 under every criterion, so dropping it cannot make any criterion's worst case
+    too high. Under ``all`` (``majority``) a sample is decided once one draw is wrong (half of them are): its worst
+    case under that criterion, and every stricter one, is 0 whatever later attacks do.
     """
-    return stage_score(correct, Criterion.MEAN, finite) > 0
+    return stage_score(correct, decide_by, finite) > 0
 
 
 def row_scores(records: pd.DataFrame, criterion: str | Criterion) -> np.ndarray:
@@ -112,11 +119,18 @@ def row_scores(records: pd.DataFrame, criterion: str | Criterion) -> np.ndarray:
     return out
 
 
-def attackable_rows(records: pd.DataFrame) -> np.ndarray:
-    """Per record row: the stage attempted the sample and :func:`still_attackable` holds after it
-    (the cascade's state after that stage, e.g. when extending a run with more stages)."""
+def attackable_rows(records: pd.DataFrame, decide_by: str | Criterion = Criterion.MEAN) -> np.ndarray:
+    """Per record row: the stage attempted the sample and :func:`still_attackable` holds after it."""
     attempted = records["attempted"].to_numpy(dtype=bool) if "attempted" in records.columns else True
-    return attempted & (row_scores(records, Criterion.MEAN) > 0)
+    return attempted & (row_scores(records, decide_by) > 0)
+
+
+def attackable_after(records: pd.DataFrame, decide_by: str | Criterion = Criterion.MEAN) -> pd.Series:
+    """Per sample (indexed by dataset index): the cascade's state after every stage of ``records`` (one run, one
+    seed), i.e. its worst case under ``decide_by`` over the clean stage and every stage that attempted it is above
+    0; used when a run is extended with more stages. Stages that skipped a sample leave its state as it was."""
+    wc = _one_seed(records, parse_criterion(decide_by))
+    return pd.Series(wc.worst > 0, index=wc.index)
 
 
 def stages(records: pd.DataFrame) -> list[tuple[int, str]]:

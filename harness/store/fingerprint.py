@@ -21,8 +21,10 @@ import numpy as np
 if TYPE_CHECKING:
     from torch import nn
 
-# packages whose version can change a result (attacks, models, data decoding)
-RESULT_PACKAGES = ("torch", "torchvision", "pyautoattack", "torchattacks", "robustness-harness")
+# packages whose version can change a result (attacks, models, data decoding, the corrupted images of --threat
+# corruptions: harness.sources.corruptions)
+RESULT_PACKAGES = ("torch", "torchvision", "pyautoattack", "torchattacks", "robustness-harness", "imagecorruptions",
+                   "scikit-image", "opencv-python")
 
 
 def _versioned_roots() -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from harness.api.config import RunConfig, read_config, write_config
 from harness.api.flags import check_codes
 from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS  # noqa: F401  (the record format, declared there)
 from harness.errors import HarnessError, MissingInputError, UsageError
+from harness.sources.corruptions import cell_name, cells
 from harness.stats.scoring import stages
 from harness.store._locks import file_lock
 from harness.store._machine import hardware, load_average
@@ -63,7 +64,7 @@ class RunKind(str, Enum):
     CERTIFY = "certify"
 
 PACKAGES = ("torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "pyautoattack", "torchattacks", "timm",
-            "robustness-harness")
+            "robustness-harness", "imagecorruptions", "scikit-image", "opencv-python")
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 
 
@@ -150,7 +151,10 @@ class Plan:
 
 
 def stage_names(cfg: RunConfig) -> list[str]:
-    """Stage names a complete shard holds, in order: clean, the battery, then the escalations."""
+    """Stage names a complete shard holds, in order: clean, the battery, then the escalations (a corruptions run:
+    clean, then each corruption at each severity)."""
+    if cfg.threat == "corruptions":
+        return ["clean"] + [cell_name(c, s) for c, s in cells(cfg.corruptions or [], cfg.severities or [])]
     specs = [*cfg.battery, *cfg.escalations]
     return ["clean"] + [str(s.get("name") or s.get("attack")) for s in specs]
 
@@ -370,9 +374,17 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
 
 
 def _upgrade(records: pd.DataFrame) -> pd.DataFrame:
-    """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran)."""
+    """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran);
+    records written before the ``threat`` and ``band`` columns ran under an ℓp ball (``lp``, band 0), those before
+    ``eot_rule`` with a fixed EOT ("")."""
     if "stage" in records.columns:
         records["skipped"] = records["skipped"].fillna("") if "skipped" in records.columns else ""
+        if "threat" not in records.columns:
+            records["threat"] = (records["stage"] != 0).map({True: "lp", False: ""})
+        if "band" not in records.columns:
+            records["band"] = pd.Series(0, index=records.index, dtype="int64")
+        if "eot_rule" not in records.columns:  # written before adaptive EOT: every gradient took `eot` draws
+            records["eot_rule"] = ""
     return records
 
 
