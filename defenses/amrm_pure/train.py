@@ -16,7 +16,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -31,8 +31,10 @@ from harness.training.recipe import (  # noqa: F401
     recipe_main,
     recipe_paths,
     register_recipe,
+    step_generator,
     training_data,
 )
+from harness.errors import UsageError
 from harness.training.schedules import warmup_cosine_lr
 from harness.training.weights import save_weights as write_weights
 
@@ -55,12 +57,38 @@ def _batch(images: Tensor, step: int, batch_size: int, seed: int, device: torch.
     return x.to(device, non_blocking=True)
 
 
-PRESET_NAMES = ("tiny", "small", "base")  # defenses.amrm_pure.mae.MAE_PRESETS; timm is imported only when training
+STREAM_MASK, STREAM_HELDOUT = 1, 2  # random streams of (seed, ...): the training masks, the held-out masks
+PRESET_NAMES = ("tiny", "small", "base", "medium")  # defenses.amrm_pure.mae.MAE_PRESETS; timm is imported only when training
 
 
 def save_weights(model: "MaskedAutoencoder", out: Path, record: dict) -> None:
     """State dict only (float32) at ``out``; architecture and training record next to it as JSON."""
     write_weights(model, out, model.config.to_dict(), record)
+
+
+def heldout_evaluator(model: "MaskedAutoencoder", args: argparse.Namespace, device: torch.device
+                      ) -> Callable[[], dict[str, float]] | None:
+    """Masked-patch MSE on the first ``--heldout`` test images (never trained on; labels unused) under fixed
+    masks drawn from (seed, STREAM_HELDOUT): comparable across checkpoints and between runs with one seed."""
+    if args.heldout <= 0:
+        return None
+    from harness.sources.datasets import load_split
+
+    data = load_split("cifar10", "test", args.data_root, args.download)
+    if args.heldout > len(data.x):
+        raise UsageError(f"--heldout must be at most the test split's {len(data.x)} images, got {args.heldout}")
+    images = torch.from_numpy(data.x[:args.heldout]).permute(0, 3, 1, 2).float().div(255)
+    noise = model.mask_noise(len(images), generator=step_generator(args.seed, STREAM_HELDOUT), device=torch.device("cpu"))
+
+    def evaluate() -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        losses = [model(x.to(device), args.mask_ratio, noise=m.to(device))[0] for x, m in
+                  zip(images.split(256), noise.split(256))]
+        model.train(was_training)
+        return {"heldout_masked_mse": float(torch.cat(losses).mean())}
+
+    return evaluate
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -71,20 +99,24 @@ def train(args: argparse.Namespace) -> dict:
     overrides = {k: getattr(args, k) for k in ("embed_dim", "depth", "num_heads", "decoder_embed_dim", "decoder_depth",
                                                 "decoder_num_heads")}
     config = mae_config(args.preset, **overrides)
-    torch.manual_seed(args.seed)  # also seeds the MAE's random masks, which come from the global RNG
+    torch.manual_seed(args.seed)  # the initial weights; masks come from (seed, step) streams
     model = build_mae(config, fused_attn=True).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     images, _ = training_data(args)
     trainer = Trainer("mae", args, model, opt, state_path, lambda rec: save_weights(model, out, rec),
                       command_line(args, __name__), config=config.to_dict(),
                       extra_record=lambda: {"batch_size": args.batch_size, "mask_ratio": args.mask_ratio, "lr": args.lr,
-                                            "dataset": "cifar10-train", "images": int(images.shape[0])})
+                                            "dataset": "cifar10-train", "images": int(images.shape[0]),
+                                            "heldout_images": args.heldout},
+                      evaluate=heldout_evaluator(model, args, device))
     trainer.resume(device)
 
     def step(i: int) -> dict[str, float]:
         for group in opt.param_groups:
             group["lr"] = warmup_cosine_lr(i, args.steps, args.lr, args.warmup)
-        loss = model(_batch(images, i, args.batch_size, args.seed, device), args.mask_ratio)[0].mean()
+        x = _batch(images, i, args.batch_size, args.seed, device)
+        noise = model.mask_noise(x.shape[0], generator=step_generator(args.seed, STREAM_MASK, i), device=torch.device("cpu"))
+        loss = model(x, args.mask_ratio, noise=noise.to(device))[0].mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -106,6 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--mask-ratio", type=float, default=0.75)
+    parser.add_argument("--heldout", type=int, default=512, metavar="N",
+                        help="masked-patch MSE on the first N test images at every checkpoint, same masks each time; "
+                             "0: none [512]")
     add_loop_arguments(parser, log_every=50, checkpoint_every=200)
 
 

@@ -15,8 +15,8 @@ Written once here and used by every recipe:
   wall time), a tqdm progress bar, a checkpoint every ``--checkpoint-every`` steps written with
   :mod:`harness.atomic`, Ctrl-C finishing the current step and checkpointing before it stops (a
   second Ctrl-C stops at once), ``--pause-at STEP`` to train in pieces, a non-finite loss stopping
-  the run with the last good checkpoint kept, and the sidecar record (command, seed, steps, final
-  losses, wall time over all sessions, load average).
+  the run with the last good checkpoint kept, a recipe's held-out evaluation at every checkpoint, and the
+  sidecar record (command, seed, steps, final losses, held-out curve, wall time over all sessions, load average).
 
 Randomness is the recipe's business but must be a function of ``(seed, step)`` (e.g.
 :func:`step_generator`): then the step counter is the whole RNG state and a resumed run repeats
@@ -227,7 +227,9 @@ class Trainer:
 
     ``save_weights(record)`` writes the recipe's weights file and its sidecar JSON; ``config`` (the
     settings a resumed run must share with the saved state) is checked on resume; ``extra_record()``
-    adds the recipe's own fields to the record.
+    adds the recipe's own fields to the record; ``evaluate()`` (optional) measures the model on held-out data at
+    every checkpoint (it must leave the model's mode and the training RNG streams as it found them), kept in
+    the state and the record as ``eval_history``.
     """
 
     name: str
@@ -239,11 +241,13 @@ class Trainer:
     command: str
     config: dict | None = None
     extra_record: Callable[[], dict] = dict
+    evaluate: Callable[[], dict[str, float]] | None = None
     ema_decay: float = 0.98
     step: int = 0
     history: list = field(default_factory=list)
     ema: dict[str, float] = field(default_factory=dict)
     sessions: list[dict] = field(default_factory=list)
+    evals: list[list] = field(default_factory=list)
 
     def resume(self, device: torch.device) -> int:
         """Load the saved state unless ``--restart`` or there is none; returns the step reached."""
@@ -258,6 +262,7 @@ class Trainer:
         self.step, self.history = int(state["step"]), [list(h) for h in state["history"]]
         self.ema = dict(state.get("ema") or ({"loss": self.history[-1][1]} if self.history else {}))
         self.sessions = list(state.get("sessions") or [])
+        self.evals = [list(e) for e in state.get("evals") or []]
         log.info("resumed %s from %s at step %d", self.name, self.state_path, self.step)
         return self.step
 
@@ -269,15 +274,22 @@ class Trainer:
                 "wall_time_s": round(sum(s["seconds"] for s in self.sessions), 1),
                 "load_average": {"mean": round(float(np.mean(loads)), 2), "max": max(loads)} if loads else None,
                 "sessions": [{k: v for k, v in s.items() if k != "load_samples"} for s in self.sessions],
+                **({"eval_history": self.evals, "final_eval": self.evals[-1][1] if self.evals else None}
+                   if self.evaluate is not None else {}),
                 "threads": self.args.threads, "device": str(self.args.device), "torch": torch.__version__,
                 "weights": str(self.args.out), **self.extra_record()}
 
     def checkpoint(self) -> None:
         """Training state (atomically) to ``state_path``, then the weights and sidecar."""
+        if self.evaluate is not None and (not self.evals or self.evals[-1][0] != self.step):
+            with torch.no_grad():
+                result = self.evaluate()
+            self.evals.append([self.step, {k: float(v) for k, v in result.items()}])
+            log.info("%s step %d held-out %s", self.name, self.step, " ".join(f"{k} {v:.5f}" for k, v in result.items()))
         with atomic.atomic_path(self.state_path) as tmp:
             torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
                         "history": self.history, "config": self.config, "ema": self.ema, "sessions": self.sessions,
-                        "recipe": self.name}, tmp)
+                        "evals": self.evals, "recipe": self.name}, tmp)
         self.save_weights(self.record())
 
     # -- the loop -------------------------------------------------------------------------------
