@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 from torch import Tensor
 
+from harness.errors import UsageError
 from harness.training.recipe import (  # noqa: F401
     Recipe,
     Trainer,
@@ -34,7 +35,6 @@ from harness.training.recipe import (  # noqa: F401
     step_generator,
     training_data,
 )
-from harness.errors import UsageError
 from harness.training.schedules import warmup_cosine_lr
 from harness.training.weights import save_weights as write_weights
 
