@@ -165,3 +165,17 @@ def test_radii_beyond_what_n_can_certify_are_marked_with_the_cap(tiny_data_root,
     assert main(["report", str(run_dir), "--format", "json", "--radii", "0.1", "0.25"]) == 0
     data = json.loads(capsys.readouterr().out)[0]
     assert data["radius_cap"] == cap and [c["beyond_cap"] for c in data["certified"]] == [False, True]
+
+
+def test_threads_option_sets_and_records_the_torch_threads(tiny_data_root, tmp_path, capsys):
+    before = torch.get_num_threads()
+    try:
+        assert main(["certify", "--defense", "none", "--sigma", "0.1", "--N", "20",
+                     "--n0", "10", "--n", "2", "--data-root", str(tiny_data_root), "--out", str(tmp_path),
+                     "--run-id", "t", "--device", "cpu", "--quiet", "--threads", "1"]) == 0
+        prov = json.loads((tmp_path / "t" / "provenance.json").read_text())
+        assert [s["threads"] for s in prov["sessions"]] == [1]
+    finally:
+        torch.set_num_threads(before)
+    assert main(["certify", "--defense", "none", "--sigma", "0.1", "--threads", "0"]) == 2
+    assert "--threads" in capsys.readouterr().err

@@ -50,7 +50,7 @@ CERTIFY_SCHEMA = pa.schema([
 ])
 # the settings that must match for two certification runs to be compared
 BUDGET_FIELDS = ("sigma", "n0", "N", "alpha")
-NON_RESULT_FIELDS = ("device", "quiet", "out", "run_id", "data_root", "download", "shard_size")
+NON_RESULT_FIELDS = ("device", "quiet", "out", "run_id", "data_root", "download", "shard_size", "threads")
 
 
 @dataclass
@@ -73,12 +73,14 @@ class CertifyConfig:
     out: str = "runs"
     run_id: str | None = None
     quiet: bool = False
+    threads: int | None = None  # torch CPU threads (None: torch's own); recorded per start in provenance.json
 
     def __post_init__(self) -> None:
         problems = [f"--{k.lower().replace('_', '-')} must be {what}, got {getattr(self, k)!r}" for k, ok, what in (
             ("sigma", self.sigma > 0, "> 0"), ("alpha", 0 < self.alpha < 1, "in (0, 1)"), ("n0", self.n0 >= 1, ">= 1"),
             ("N", self.N >= 1, ">= 1"), ("batch_size", self.batch_size >= 1, ">= 1"),
-            ("shard_size", self.shard_size >= 1, ">= 1"), ("seed", 0 <= self.seed < 2 ** 32, "in [0, 2^32)")) if not ok]
+            ("shard_size", self.shard_size >= 1, ">= 1"), ("seed", 0 <= self.seed < 2 ** 32, "in [0, 2^32)"),
+            ("threads", self.threads is None or self.threads >= 1, ">= 1")) if not ok]
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -148,6 +150,8 @@ def _records(defense: Defense, x: torch.Tensor, y: torch.Tensor, indices: list[i
 
 def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_resume: bool = False) -> Path:
     """Certify the ``cfg.n`` selected test samples; returns the run directory (resumes an existing one)."""
+    if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
+        torch.set_num_threads(cfg.threads)
     defense = defense if defense is not None else create_defense(cfg.defense, **cfg.defense_opts)
     check_base_classifier(defense, cfg.sigma)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
@@ -187,6 +191,8 @@ def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_res
 def latency(cfg: CertifyConfig, *, samples: int = 5, warmup: int = 1) -> dict[str, Any]:
     """Seconds per certified sample (CERTIFY with n0 + N draws) by a stated protocol: ``warmup`` samples
     certified and discarded, then ``samples`` timed one by one; nothing is stored."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     defense = create_defense(cfg.defense, **cfg.defense_opts)
     check_base_classifier(defense, cfg.sigma)
     data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)

@@ -34,6 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=SEED, default=0, help="sample choice and noise [0]")
     add_data_options(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N [auto]")
+    p.add_argument("--threads", type=COUNT, default=None,
+                   help="torch CPU threads, recorded with each start in provenance.json [torch's own, usually one per core]")
     p.add_argument("--shard-size", type=COUNT, default=50, help="samples per stored shard (resume granularity) [50]")
     p.add_argument("--out", default="runs", help="directory for run directories [runs]")
     p.add_argument("--run-id", help="run directory name [derived from the settings]")
@@ -52,7 +54,7 @@ def config_from_args(args: argparse.Namespace):
                          dataset=args.dataset, data_root=args.data_root, download=args.download, n=n, seed=args.seed,
                          sigma=args.sigma, n0=args.n0, N=args.N, alpha=args.alpha, batch_size=args.batch_size,
                          shard_size=args.shard_size, device=args.device, out=args.out, run_id=args.run_id,
-                         quiet=args.quiet)
+                         quiet=args.quiet, threads=args.threads)
 
 
 def main(args: argparse.Namespace) -> int:
