@@ -92,3 +92,15 @@ def test_mae_training_resumes_exactly(tmp_path: Path) -> None:
     paused = torch.load(tmp_path / "paused.pt", weights_only=True)
     assert straight.keys() == paused.keys()
     assert all(torch.equal(straight[k], paused[k]) for k in straight)
+
+
+def test_mae_training_under_bf16_autocast_records_it_per_session(tmp_path: Path) -> None:
+    root, out = synthetic_train_root(tmp_path), tmp_path / "bf16.pt"
+    common = ["--preset", "tiny", "--batch-size", "8", "--data-root", str(root), "--out", str(out), "--no-progress",
+              "--threads", "1", "--device", "cpu", "--heldout", "16"]
+    assert train.main(["--steps", "2", "--autocast", *common]) == 0
+    assert train.main(["--steps", "3", *common]) == 0
+    rec = json.loads(out.with_suffix(".json").read_text())
+    assert [s["autocast"] for s in rec["sessions"]] == [True, False] and np.isfinite(rec["final_loss_ema"])
+    weights = torch.load(out, weights_only=True)
+    assert all(v.dtype == torch.float32 for v in weights.values() if v.is_floating_point())

@@ -25,8 +25,10 @@ from harness.errors import UsageError
 from harness.training.recipe import (  # noqa: F401
     Recipe,
     Trainer,
+    add_autocast_argument,
     add_data_arguments,
     add_loop_arguments,
+    autocast,
     command_line,
     load_cifar10_train,
     recipe_main,
@@ -108,6 +110,7 @@ def train(args: argparse.Namespace) -> dict:
                       extra_record=lambda: {"batch_size": args.batch_size, "mask_ratio": args.mask_ratio, "lr": args.lr,
                                             "dataset": "cifar10-train", "images": int(images.shape[0]),
                                             "heldout_images": args.heldout},
+                      session_info={"autocast": bool(args.autocast), "threads": args.threads},
                       evaluate=heldout_evaluator(model, args, device))
     trainer.resume(device)
 
@@ -116,7 +119,8 @@ def train(args: argparse.Namespace) -> dict:
             group["lr"] = warmup_cosine_lr(i, args.steps, args.lr, args.warmup)
         x = _batch(images, i, args.batch_size, args.seed, device)
         noise = model.mask_noise(x.shape[0], generator=step_generator(args.seed, STREAM_MASK, i), device=torch.device("cpu"))
-        loss = model(x, args.mask_ratio, noise=noise.to(device))[0].mean()
+        with autocast(args, device):
+            loss = model(x, args.mask_ratio, noise=noise.to(device))[0].float().mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -141,6 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heldout", type=int, default=512, metavar="N",
                         help="masked-patch MSE on the first N test images at every checkpoint, same masks each time; "
                              "0: none [512]")
+    add_autocast_argument(parser)
     add_loop_arguments(parser, log_every=50, checkpoint_every=200)
 
 

@@ -105,6 +105,18 @@ def add_loop_arguments(parser: argparse.ArgumentParser, *, log_every: int, check
     parser.set_defaults(command_line=None)
 
 
+def add_autocast_argument(parser: argparse.ArgumentParser) -> None:
+    """``--autocast``, for recipes whose steps run under :func:`autocast` (bfloat16 matrix products, float32 weights
+    and optimizer state): about 1.5x faster MAE steps on a CPU with bf16 instructions, more on recent GPUs."""
+    parser.add_argument("--autocast", action="store_true",
+                        help="bfloat16 autocast in the forward pass (weights and optimizer state stay float32)")
+
+
+def autocast(args: argparse.Namespace, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward-pass context ``--autocast`` asks for (a no-op without it)."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bool(getattr(args, "autocast", False)))
+
+
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """Options every recipe shares for its training data (read with :func:`training_data`)."""
     parser.add_argument("--data-root", default=None, help="data root: cifar10_train.npz or torchvision files "
@@ -242,6 +254,7 @@ class Trainer:
     config: dict | None = None
     extra_record: Callable[[], dict] = dict
     evaluate: Callable[[], dict[str, float]] | None = None
+    session_info: dict = field(default_factory=dict)  # settings of this invocation, kept in its ``sessions`` entry
     ema_decay: float = 0.98
     step: int = 0
     history: list = field(default_factory=list)
@@ -298,7 +311,8 @@ class Trainer:
         until ``total_steps`` or ``--pause-at``; returns the record (``finished`` says which)."""
         args = self.args
         stop = total_steps if args.pause_at is None else min(total_steps, args.pause_at)
-        session = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "from_step": self.step,
+        session = {**self.session_info, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   "from_step": self.step,
                    "to_step": self.step, "seconds": 0.0, "load_samples": [v for v in [load_average()] if v is not None]}
         self.sessions.append(session)
         start, first = time.monotonic(), self.step
