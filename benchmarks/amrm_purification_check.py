@@ -1,7 +1,7 @@
 """Does AMRM-Pure purify? A measurement on CIFAR-10 test images.
 
     HARNESS_DATA=../shared/data nice .venv/bin/python benchmarks/amrm_purification_check.py --n 128 --seed 0
-    ... --mae defenses/amrm_pure/weights/mae_cifar10_medium.pt --sensitivity-eps 2,4,8,16 \
+    ... --mae defenses/amrm_pure/weights/mae_cifar10_base.pt --sensitivity-eps 2,4,8,16 \
         --sweep steps=5,20 --sweep step_size=0.0039,0.0157 --sweep eta=0.0314,0.1255 --sweep mask_ratio=0.5,0.9 \
         --json results/amrm/purification-check.json
 

@@ -38,14 +38,12 @@ class MAEConfig:
         return asdict(self)
 
 
-# named sizes; "small" is the first committed CIFAR-10 model (1.0 M parameters), "medium" (6 M) the larger one
-# trained for purification, "tiny" is for tests
+# named sizes: "small" (1.0 M parameters) and "base" (3.1 M) are the committed CIFAR-10 models, "tiny" is for tests
 MAE_PRESETS: dict[str, MAEConfig] = {
     "tiny": MAEConfig(embed_dim=32, depth=1, num_heads=2, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2,
                       mlp_ratio=2.0),
     "small": MAEConfig(embed_dim=128, depth=4, num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4),
     "base": MAEConfig(),
-    "medium": MAEConfig(embed_dim=256, depth=6, num_heads=8, decoder_embed_dim=128, decoder_depth=4, decoder_num_heads=4),
 }
 
 

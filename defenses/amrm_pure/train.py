@@ -60,7 +60,7 @@ def _batch(images: Tensor, step: int, batch_size: int, seed: int, device: torch.
 
 
 STREAM_MASK, STREAM_HELDOUT = 1, 2  # random streams of (seed, ...): the training masks, the held-out masks
-PRESET_NAMES = ("tiny", "small", "base", "medium")  # defenses.amrm_pure.mae.MAE_PRESETS; timm is imported only when training
+PRESET_NAMES = ("tiny", "small", "base")  # defenses.amrm_pure.mae.MAE_PRESETS; timm is imported only when training
 
 
 def save_weights(model: "MaskedAutoencoder", out: Path, record: dict) -> None:
