@@ -26,6 +26,7 @@ VIT_RUNS = tuple(f"{model}-{attack}" for model in ("vit-small", "neuroshield-vit
 DIFFPURE_RUNS = ("diffpure-oblivious", "none-pgd50-n256", "diffpure-full-vs-bpda")
 SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoothing-gaussian-s025-pgd20-eot32",
                   "smoothing-consistency-s025-pgd20-eot32")
+THREE_WAY_RUNS = ("diffusion-smoothing-s025", "smoothing-gaussian-s025-n100", "smoothing-consistency-s025-n100")
 QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md",
            "docs/diffpure.md", "docs/leaderboard.md")
 
@@ -43,7 +44,7 @@ def test_full_runs_are_complete_on_all_10000_test_images(name):
 JPEG_RUNS = ("jpeg-standard", "jpeg-adaptive")
 SUBSET_RUNS = ([(SHIPPED / n, 1_000) for n in ("a3-small-adaptive", "a3-small-stochastic-eot20", *VIT_RUNS)]
                + [(SHIPPED / n, 256) for n in DIFFPURE_RUNS] + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS]
-               + [(SHIPPED / n, 128) for n in JPEG_RUNS]
+               + [(SHIPPED / n, 128) for n in JPEG_RUNS] + [(SHIPPED_L2 / n, 100) for n in THREE_WAY_RUNS]
                + [(ROOT / "results" / "cifar10-corruptions" / n, 1_000) for n in ("at-small", "a3-small", "none")])
 
 
@@ -105,6 +106,17 @@ def test_no_sample_certified_at_the_attack_radius_is_broken_by_the_attack(model)
     certified = (cert.correct & (cert.radius >= 0.5)).reindex(robust.index)
     assert 0 < certified.sum() <= robust.sum()
     assert not (certified & ~robust).any()
+
+
+def test_the_three_way_certification_runs_share_images_and_budget():
+    """Diffusion denoised smoothing and the two noise-trained classifiers were certified on the same 100 images with
+    the same sigma, n0, N and alpha: the paired comparison in docs/certification.md rests on it."""
+    runs = {n: load_records(SHIPPED_L2 / n) for n in THREE_WAY_RUNS}
+    assert len({tuple(sorted(df["index"])) for df in runs.values()}) == 1
+    for column in ("sigma", "n0", "n", "alpha"):
+        assert len({v for df in runs.values() for v in df[column].unique()}) == 1, column
+    assert {float(df.sigma.iloc[0]) for df in runs.values()} == {0.25} and {int(df.n.iloc[0]) for df in runs.values()} == {10_000}
+    assert all(df.nonfinite.sum() == 0 for df in runs.values())
 
 
 def test_the_diffpure_runs_share_their_images_and_the_comparison_differs_only_in_the_gradient_mode():
