@@ -11,10 +11,11 @@ import torch
 
 from conftest import TinyCNN
 from harness.api.defense import Defense, create_defense
+from harness.api.gradmodes import GRAD_MODES
 from harness.api.losses import cross_entropy
 from harness.api.target import Target
 from harness.attacks.joint_rec import JointRec
-from harness.defenses.amrm_pure import DEFAULT_MAE, load_mae
+from harness.defenses.amrm_pure import BASE_MAE, DEFAULT_MAE, load_mae
 from harness.defenses.amrm_pure.mae import build_mae
 from harness.defenses.amrm_pure.purifier import AMRMPurifier
 from harness.diagnostics.gradcheck import identity_like, jacobian_alignment
@@ -146,3 +147,20 @@ def test_end_to_end_harness_run(tmp_path: Path, cifar_root: Path) -> None:
     assert len(df[df["attack"] == "clean"]) == 4
     provenance = json.loads((tmp_path / "amrm" / "provenance.json").read_text())
     assert "amrm" in json.dumps(provenance) or "amrm" in (tmp_path / "amrm" / "config.toml").read_text()
+
+
+@pytest.mark.parametrize("grad", GRAD_MODES)
+def test_base_mae_runs_through_harness_run_in_every_gradient_mode(grad: str, tmp_path: Path, cifar_root: Path) -> None:
+    """The committed base MAE (the larger, longer-trained one) loads from its sidecar's architecture and is attacked
+    end to end in each gradient mode; the records carry that mode."""
+    from harness.cli import main
+    from harness.store.rundir import load_records
+
+    argv = ["run", "--defense", "amrm-pure-mae", "--defense-opt", f"mae={BASE_MAE}", "--defense-opt", "steps=2",
+            "--grad", grad, "--attacks", "pgd", "--attack-opt", "steps=2", "--n", "2", "--eval-repeats", "2",
+            "--data-root", str(cifar_root), "--out", str(tmp_path), "--run-id", grad, "--no-escalate", "--quiet"]
+    assert main(argv) == 0
+    df = load_records(tmp_path / grad)
+    attacked = df[df["attack"] == "pgd"]
+    assert len(attacked) == 2 and set(attacked["grad_mode"]) == {grad}
+    assert load_mae(BASE_MAE).config.embed_dim > load_mae(DEFAULT_MAE).config.embed_dim

@@ -15,6 +15,7 @@ from harness.api.defense import Defense, register_defense
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_MAE = WEIGHTS_DIR / "mae_cifar10_small.pt"
+BASE_MAE = WEIGHTS_DIR / "mae_cifar10_base.pt"  # 3.1 M parameters, 28,000 steps: `--defense-opt mae=...`
 DEFAULT_RAMRM = WEIGHTS_DIR / "mae_cifar10_small_ramrm.pt"
 
 
