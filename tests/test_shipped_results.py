@@ -142,3 +142,33 @@ def test_no_jpeg_sample_is_robust_where_the_independent_ground_truth_broke_it(na
     assert not [i for i, v in worst.items() if v and not truth[int(i)]]
     stages = recs[recs.attack.isin(["apgd-ce", "apgd-t", "fab-t", "pgd200-eot20"])]
     assert (stages.grad_mode == "bpda").all() and (stages.grad_source == "probe").all()
+
+
+def _cross_threat_pair():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cross_threat_pair", ROOT / "benchmarks" / "cross_threat_pair.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cross_threat_pair_gives_harness_compares_figures_and_refuses_another_defense(capsys, tmp_path):
+    """benchmarks/cross_threat_pair.py pairs stages across threat models with compare's computation: on two stages
+    of one run it must print what `harness compare` prints, and it must refuse runs of different defenses."""
+    run = SHIPPED / "diffpure-full-vs-bpda"
+    script = _cross_threat_pair()
+    out = tmp_path / "pair.json"
+    assert script.main([f"{run}:pgd-full", f"{run}:pgd-bpda", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())["criteria"]
+    capsys.readouterr()
+    for criterion in ("all", "majority"):
+        main(["compare", str(run), str(run), "--attack", "pgd-full", "--attack-b", "pgd-bpda",
+              "--criterion", criterion])
+        line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("A - B"))
+        low, high = (float(v) for v in re.findall(r"\[([-+0-9.]+), ([-+0-9.]+)\]", line)[0])
+        f = figures[criterion]
+        assert (round(100 * f["low"], 2), round(100 * f["high"], 2)) == (low, high)
+    assert figures["all"]["a_only"] == 3 and figures["all"]["b_only"] == 37
+    with pytest.raises(SystemExit, match="defense: diffpure-ddpm .* but none"):
+        script.main([f"{run}:pgd-full", f"{SHIPPED / 'none-pgd50-n256'}:pgd"])
