@@ -14,6 +14,9 @@ command again resumes both), then prints
 3. the passes of each (classifier and purifier, forward and backward, from the records' pass columns), the wall
    time of the attacks (the records' ``time_s``) and the ratios old / new.
 
+Two processes running the same command at once (``--threads 1`` each) share the shards of each run between them
+(the harness's per-shard locks); ``--force-resume`` continues runs another harness commit started (recorded).
+
 Escalation is off by default (both batteries would add different attacks; ``--escalate`` turns it on). For a quick
 check of the machinery, ``--budget-scale 0.02`` scales every iteration, query and rung count of both batteries.
 
@@ -76,7 +79,7 @@ def run_battery(args: argparse.Namespace, battery: str) -> Path:
                     escalate=args.escalate, out=args.out, threads=args.threads, batch_size=args.batch_size,
                     shard_size=args.shard_size, device=args.device, quiet=args.quiet)
     t0 = time.monotonic()
-    run_dir = runner.run(cfg)
+    run_dir = runner.run(cfg, force_resume=args.force_resume)
     print(f"{battery}: {run_dir} ({time.monotonic() - t0:.0f} s in this session)", file=sys.stderr)
     return run_dir
 
@@ -112,6 +115,8 @@ def main() -> None:
     p.add_argument("--shard-size", type=int, default=256)
     p.add_argument("--device", default="auto")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--force-resume", action="store_true",
+                   help="resume runs started by another harness commit or package set (recorded in provenance)")
     args = p.parse_args()
     (old, old_rule), (new, new_rule) = (summary(run_battery(args, b)) for b in (args.old, args.new))
     print(f"\n== {args.defense} {args.defense_opt or ''}, n = {args.n}, seed {args.seed}, eps {args.eps:.5g}; "

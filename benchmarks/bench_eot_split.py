@@ -8,6 +8,9 @@ optionally a PGD with the adaptive EOT (``--adaptive-steps``: that many iteratio
 E of the splits), and prints per split the robust accuracy under each criterion (each attack alone, with its 95%
 interval under ``all``), the passes per image and the attack's seconds per image.
 
+Two processes running the same command at once (``--threads 1`` each) share the shards of each run between them
+(the harness's per-shard locks); ``--force-resume`` continues runs another harness commit started (recorded).
+
     .venv/bin/python benchmarks/bench_eot_split.py --defense diffpure-ddpm --n 16 --threads 2
     .venv/bin/python benchmarks/bench_eot_split.py --defense a3-small --defense-opt stochastic_mask=true --n 64
     .venv/bin/python benchmarks/bench_eot_split.py --defense gaussian-noise --n 4 --budget 16 --splits 4x4,16x1  # ~1 min
@@ -59,8 +62,13 @@ def main() -> None:
     p.add_argument("--data-root", default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--shard-size", type=int, default=256,
+                   help="samples per shard: the unit of resumption and of sharing the work between processes "
+                        "running the same command at once [256]")
     p.add_argument("--device", default="auto")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--force-resume", action="store_true",
+                   help="resume runs started by another harness commit or package set (recorded in provenance)")
     args = p.parse_args()
     chosen = splits(args.splits, args.budget)
     battery = [{"name": f"pgd-{i}x{e}", "attack": "pgd", "grad": args.grad, "eot": e, "options": {"steps": i}}
@@ -72,10 +80,10 @@ def main() -> None:
     cfg = RunConfig(defense=args.defense, defense_opts=parse_key_values(args.defense_opt, "--defense-opt"),
                     data_root=args.data_root, n=args.n, seed=args.seed, eps=args.eps, attacks="pgd",
                     battery=battery, every_attack=True, escalate=False, eval_repeats=args.eval_repeats,
-                    out=args.out, threads=args.threads, batch_size=args.batch_size, device=args.device,
-                    quiet=args.quiet)
+                    out=args.out, threads=args.threads, batch_size=args.batch_size, shard_size=args.shard_size,
+                    device=args.device, quiet=args.quiet)
     t0 = time.monotonic()
-    run_dir = runner.run(cfg)
+    run_dir = runner.run(cfg, force_resume=args.force_resume)
     recs = load_records(run_dir)
     cases = {c: worst_case(recs, c) for c in CRITERIA}
     print(f"\n== {args.defense} {args.defense_opt or ''}: n = {args.n}, seed {args.seed}, eps {args.eps:.5g}, "
