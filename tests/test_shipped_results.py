@@ -28,7 +28,7 @@ SMOOTHING_RUNS = ("smoothing-gaussian-s025", "smoothing-consistency-s025", "smoo
                   "smoothing-consistency-s025-pgd20-eot32")
 THREE_WAY_RUNS = ("diffusion-smoothing-s025", "smoothing-gaussian-s025-n100", "smoothing-consistency-s025-n100")
 QUOTING = ("README.md", "docs/a3-verdict.md", "docs/statistics.md", "docs/certification.md", "docs/neuroshield.md",
-           "docs/diffpure.md", "docs/leaderboard.md")
+           "docs/diffpure.md", "docs/leaderboard.md", "docs/threat-models.md")
 
 
 @pytest.mark.parametrize("name", FULL)
