@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.reports.load import RunData, load_run  # noqa: E402
 from harness.reports.outcomes import CRITERIA, WORST, outcome_table  # noqa: E402
+from harness.reports.threat_check import run_threat  # noqa: E402
 from harness.stats.paired import compare_outcomes, compare_paired_scores  # noqa: E402
 
 
@@ -91,10 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     for run, att, key in ((run_a, att_a, "sizes_a"), (run_b, att_b, "sizes_b")):
         if att != WORST:
             result[key] = _sizes(run, att)
-    print(f"A = {args.a} ({run_a.config.get('threat', 'lp')}, {run_a.config.get('norm')} eps {run_a.config.get('eps'):.4g}"
-          f"{', band ' + str(run_a.config['band']) if run_a.config.get('band') else ''})")
-    print(f"B = {args.b} ({run_b.config.get('threat', 'lp')}, {run_b.config.get('norm')} eps {run_b.config.get('eps'):.4g}"
-          f"{', band ' + str(run_b.config['band']) if run_b.config.get('band') else ''})")
+    for label, spec, run in (("A", args.a, run_a), ("B", args.b, run_b)):
+        print(f"{label} = {spec} ({run_threat(run).describe()})")
     for key in ("sizes_a", "sizes_b"):
         if key in result:
             s = result[key]
