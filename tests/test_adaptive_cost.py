@@ -215,10 +215,10 @@ class TriggerAttack(Attack):
         return AttackResult(x_adv=x, success=torch.zeros(x.shape[0], dtype=torch.bool, device=x.device))
 
 
-def _probe_run(root, out, armed: bool):
+def _probe_run(root, out, armed: bool, **kw):
     battery = [{"name": "trig", "attack": "test-trigger", "probe": 3, "options": {"armed": armed}}]
     cfg = _cfg(root, out, defense="trigger", battery=battery, attacks="test-trigger", eps=1.0, eval_repeats=1,
-               eot=None)
+               eot=None, **kw)
     run_dir = runner.run(cfg, defense=Defense(Trigger(), None, num_classes=10, name="trigger"))
     recs = load_records(run_dir)
     return run_dir, recs[recs.attack == "trig"].set_index("index"), recs[recs.stage == 0].set_index("index")
@@ -230,9 +230,10 @@ def test_probe_that_breaks_a_survivor_is_extended_to_all(tiny_data_root, tmp_pat
     assert trig.attempted.all() and (trig.skipped == "").all()  # ... so the probe broke one and every sample was attacked
     assert not trig.correct_all.any()
     side = load_side(run_dir)
-    assert all(side[s]["attacks"]["trig"]["probe"] == {"survivors": 12, "probed": 3, "broken": side[s]["attacks"]
-               ["trig"]["probe"]["broken"], "extended": True} for s in side)
-    assert all(side[s]["attacks"]["trig"]["probe"]["broken"] >= 1 for s in side)
+    info = [side[s]["attacks"]["trig"]["probe"] for s in side]
+    assert sum(i.pop("members") for i in info) == 3  # 3 probed over the run, not per shard
+    assert all(i == {"survivors": 24, "probed": 3, "broken": 3, "extended": True} for i in info)
+    assert all(side[s]["attacks"]["trig"]["attempted"] == 12 for s in side)
     assert "probe-only" not in {f["code"] for f in load_diagnostics(run_dir)}
 
 
@@ -240,16 +241,60 @@ def test_probe_that_breaks_nothing_is_not_extended_and_is_recorded(tiny_data_roo
     from harness.reports import render
 
     run_dir, trig, _ = _probe_run(tiny_data_root, tmp_path, armed=False)
-    assert trig.attempted.sum() == 3 * 2  # 3 probed per shard
+    assert trig.attempted.sum() == 3  # 3 probed over the run's 24 survivors
     left = ~trig.attempted
     assert trig.skipped[left].str.startswith("probe:").all() and (trig.skipped[~left] == "").all()
+    assert trig.skipped[left].str.contains("broke none of the 3 samples probed").all()
     assert (trig.classifier_forward[left] == 0).all()
     flags = [f for f in load_diagnostics(run_dir) if f["code"] == "probe-only"]
     assert flags and flags[0]["attack"] == "trig" and flags[0]["value"] == pytest.approx(1 - 0.05 ** (1 / 3), abs=1e-3)
-    side = load_side(run_dir)[0]["attacks"]["trig"]
-    assert side["probe"]["extended"] is False and side["robust_after"] == 12
+    for side in load_side(run_dir).values():
+        info = side["attacks"]["trig"]
+        assert info["probe"]["extended"] is False and info["probe"]["broken"] == 0 and info["robust_after"] == 12
     row = next(r for r in json.loads(render([run_dir], "json", n_resamples=1000))["rows"] if r["attack"] == "trig")
     assert "probe-only" in row["flags"] and "stage-skipped" not in row["flags"] and not row["upper_bound"]
+
+
+def test_probe_members_are_drawn_over_the_run_whatever_the_shard_size(tiny_data_root, tmp_path):
+    probed = []
+    for size in (24, 12, 5):
+        _, trig, _ = _probe_run(tiny_data_root, tmp_path / str(size), armed=False, shard_size=size, batch_size=size)
+        probed.append(sorted(trig.index[trig.attempted]))
+    assert len(probed[0]) == 3 and probed[1] == probed[0] and probed[2] == probed[0]
+
+
+def test_a_run_stopped_between_probe_and_extension_resumes_to_identical_records(tiny_data_root, tmp_path,
+                                                                               monkeypatch):
+    import harness.run.shards as probe_module
+
+    ref = load_records(_probe_run(tiny_data_root, tmp_path / "a", armed=True)[0])
+    real = probe_module.extend_shard
+    calls: list[int] = []
+
+    def stops_after_one(ctx, shard, *args):
+        calls.append(shard)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(ctx, shard, *args)
+
+    monkeypatch.setattr(probe_module, "extend_shard", stops_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        _probe_run(tiny_data_root, tmp_path / "b", armed=True)
+    calls.clear()
+    torch.manual_seed(999)
+    resumed = load_records(_probe_run(tiny_data_root, tmp_path / "b", armed=True)[0])
+    assert calls == [1]  # shard 0 was extended before the stop; only shard 1 is left
+    drop = list(TIMING_COLUMNS)
+    pd.testing.assert_frame_equal(resumed.drop(columns=drop), ref.drop(columns=drop))
+
+
+def test_probed_entries_end_the_battery_and_do_not_go_with_until(tiny_data_root, tmp_path):
+    probed = {"name": "sq", "attack": "square", "probe": 4}
+    with pytest.raises(UsageError, match="after a probed entry"):
+        runner.prepare(_cfg(tiny_data_root, tmp_path, battery=[probed, PGD_RUNGS[0]], n=4), _noisy())
+    with pytest.raises(UsageError, match="--until"):
+        runner.prepare(_cfg(tiny_data_root, tmp_path, battery=[PGD_RUNGS[0], probed], n=4, until="half-width=0.1"),
+                       _noisy())
 
 
 # -- 3. adaptive EOT ------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from harness.diagnostics import after_stage as diagnostics
 from harness.errors import DataError, UsageError
 from harness.progress import get_logger
 from harness.run._acceleration import as_input
+from harness.run.phases import Phase, PhaseKind
 from harness.run.stage import clean_stage
 from harness.sources.corruptions import CorruptionCache, cell_name, cells, resolve_choice
 from harness.sources.datasets import TestSet
@@ -118,10 +119,10 @@ def prepare_images(cfg: RunConfig, data: TestSet, plan: Plan) -> Corrupted:
     return Corrupted(cache, chosen, digests, hashlib.sha256(blob.encode()).hexdigest())
 
 
-def steps(ctx: Any, phase: str) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
+def steps(ctx: Any, phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
     """:meth:`harness.run.shards.RunShards.steps` of a corruptions run: every stage in one phase, no escalation."""
     corrupted: Corrupted = ctx.corrupted
-    if phase != "attacks":
+    if phase.kind is not PhaseKind.ATTACKS:
         return [], lambda s: True, lambda s, idx: []
     names = [cell_name(c, s) for c, s in corrupted.cells]
     return names, lambda s: ctx.store.shard_stages(s) is not None, lambda s, idx: run_shard(ctx, s, idx)

@@ -50,6 +50,7 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics import escalation
 from harness.diagnostics.merge import collect_escalations
 from harness.run._acceleration import as_input
+from harness.run.phases import ATTACKS, ESCALATION
 from harness.run.shards import RunShards
 from harness.run.stage import run_stage
 from harness.run.verdict import Verifier
@@ -210,13 +211,14 @@ def estimate(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int]
         cal = _Calibration(calib, defense, as_input(x, cfg.channels_last), y, probe, verifier, ctx.threat)
         try:
             t0 = time.perf_counter()
-            done = ctx.steps("attacks")[2](0, indices[:k])
+            ctx.defer_probes = False  # a probed stage timed on every survivor: its cost when its probe is extended
+            done = ctx.steps(ATTACKS)[2](0, indices[:k])
             wall = time.perf_counter() - t0
             fired = collect_escalations(store, 1, base, findings, cfg.attack_opts) if cfg.escalate else []
             calib.escalations = [e.to_dict() for e in fired]
             if fired:
                 t0 = time.perf_counter()
-                done += ctx.steps("escalation")[2](0, indices[:k])
+                done += ctx.steps(ESCALATION)[2](0, indices[:k])
                 wall += time.perf_counter() - t0
             records, side = store.read_shard(0), store.read_side(0)
         finally:
@@ -228,6 +230,8 @@ def estimate(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int]
     for stage, (spec, row) in enumerate(zip([*base, *fired], done), start=1):
         kind = "battery" if stage <= len(base) else "escalation"
         reason = "battery" if kind == "battery" else "fired: " + "; ".join(why.get(spec.name, []))
+        if kind == "battery" and spec.schedule()[1] is not None:
+            reason += "; probed: timed on every survivor, its cost if its probe breaks one (else on the probe only)"
         skipped = side["attacks"].get(spec.name, {}).get("skipped", "")
         if skipped:
             costs.append(StageCost(spec.name, 0.0, 0.0, kind, f"{reason}; skipped on the calibration batch: {skipped}"))

@@ -1,7 +1,7 @@
 """Where the shards of a run are computed: in this process (``--executor local``, the default) or as Ray tasks on
 the cores and GPUs of this machine or of a cluster (``--executor ray``).
 
-Both executors run one phase at a time (phase A, the battery; then phase B, the escalation stages) over the shards
+Both executors run one phase at a time (:mod:`harness.run.phases`: the battery, each probed stage's probe and extension, the escalation stages) over the shards
 not yet stored, through the same code: :meth:`harness.run.shards.RunShards.steps` under the shard's lock. A shard's
 records depend only on (run seed, shard, stage, batch), so they do not depend on the executor.
 
@@ -32,6 +32,7 @@ from harness.errors import HarnessError, SetupError, UsageError
 from harness.progress import bars_enabled, progress_bar
 from harness.run._acceleration import resolve_device
 from harness.run._placement import Placed, place_checked
+from harness.run.phases import Phase
 from harness.run.shards import RunShards
 from harness.sources.datasets import load_test_set, resolve_root
 from harness.store import fingerprint
@@ -44,8 +45,8 @@ MAX_RETRIES = 3  # Ray reruns a task whose worker died (killed, out of memory, n
 class Executor(Protocol):
     name: str
 
-    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: str) -> None:
-        """Compute phase ``phase`` (``attacks`` or ``escalation``) of the shards ``which`` that lack it."""
+    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: Phase) -> None:
+        """Compute phase ``phase`` (:mod:`harness.run.phases`) of the shards ``which`` that lack it."""
 
     def close(self) -> None:
         """Release what the executor started (called once, when the run ends or fails)."""
@@ -72,7 +73,7 @@ class LocalExecutor:
 
     name = "local"
 
-    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: str) -> None:
+    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: Phase) -> None:
         names, done, work = ctx.steps(phase)
         for name in names:
             ctx.bar(name)
@@ -118,7 +119,7 @@ class RayExecutor:
         # starts after Ray set CUDA_VISIBLE_DEVICES to the task's GPU, so --device auto picks that GPU
         self.task = ray.remote(**self.options)(compute_shard)
 
-    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: str) -> None:
+    def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: Phase) -> None:
         names, done, _ = ctx.steps(phase)
         todo = [s for s in which if not done(s)]
         total, skipped = sum(len(shards[s]) for s in which), sum(len(shards[s]) for s in which if s not in todo)
@@ -127,7 +128,7 @@ class RayExecutor:
                              "tasks); or use --device auto, which runs tasks without GPUs on the CPU")
         if todo:
             self._start()  # before the clock of the progress estimate starts
-        ctx.progress.start_phase(phase, total * len(names), names)
+        ctx.progress.start_phase(str(phase), total * len(names), names)
         ctx.progress.skipped(skipped * len(names))
         bar = progress_bar(total, f"{phase} ({', '.join(names)})", enabled=bars_enabled(ctx.cfg.quiet), initial=skipped)
         try:
@@ -210,7 +211,7 @@ def job_spec(ctx: RunShards, n_shards: int) -> dict[str, Any]:
 _BUILT: dict[str, tuple[Any, Any]] = {}  # per worker process: the last run's placed defense and its data
 
 
-def compute_shard(job: dict[str, Any], phase: str, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
+def compute_shard(job: dict[str, Any], phase: Phase, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
     """The Ray task: compute ``phase`` of one shard and write it into the run directory under the shard's lock;
     returns the per-stage counts of :meth:`~harness.run.shards.RunShards.run_shard`, or None when it was done already."""
     import ray

@@ -1,10 +1,11 @@
 """Run a battery over a dataset in shards, storing records as it goes; resume skips finished shards.
 
-Two phases keep escalation deterministic: (A) every shard runs the configured battery and
-stores the diagnostic flags raised after each stage; (B) the escalation attacks requested by
-those flags (deduplicated by name, in shard and stage order) are recorded in the resolved
-config and run as extra stages on every shard's still-robust samples. Because flags depend
-only on the stored records' seeds, a resumed run escalates exactly like an uninterrupted one.
+Phases (:mod:`harness.run.phases`) keep the run deterministic: (A) every shard runs the configured battery
+(but its probed entries) and stores the diagnostic flags raised after each stage; each probed entry then runs
+its probe over the run and, if that broke a sample, its extension (:mod:`harness.run.probe`); (B) the escalation
+attacks requested by the flags (deduplicated by name, in shard and stage order) are recorded in the resolved
+config and run as extra stages on every shard's still-robust samples. Because flags and probes depend only on
+the stored records' seeds, a resumed run goes on exactly like an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from harness.run import corruption_stages
 from harness.run._placement import place_and_check
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
+from harness.run.phases import ATTACKS, ESCALATION, Phase, PhaseKind
+from harness.run.probe import split_probed
 from harness.run.schedule import check_schedule
 from harness.run.shards import RunShards
 from harness.sources.catalog import select_indices
@@ -82,7 +85,8 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
     if not cfg.battery:
         cfg.battery = [s.to_dict() for s in resolve_battery(cfg.attacks, cfg.attack_opts)]
     cfg.decide_by = cfg.decide_by or battery_decide_by(cfg.attacks) or "mean"  # the cascade's stop rule
-    check_schedule([AttackSpec.from_dict(s) for s in cfg.battery], cfg.eps, cfg.norm, every_attack=cfg.every_attack)
+    check_schedule([AttackSpec.from_dict(s) for s in cfg.battery], cfg.eps, cfg.norm, every_attack=cfg.every_attack,
+                   sequential=cfg.until is not None)
     # build and resolve every entry now so a bad option fails before any work (logged after the preflight)
     check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps, norm=cfg.norm,
                   run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast, threat=cfg.threat)
@@ -175,13 +179,17 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
             shards = shards[:sequential_phase(ctx, shards, plan)]
             mine = list(range(len(shards)))
         else:
-            executor.phase(ctx, shards, mine, "attacks")
+            executor.phase(ctx, shards, mine, ATTACKS)
         others = [s for s in range(len(shards)) if store.shard_stages(s) is None]
         if others:  # only with a slice: other slices are still running (or not started)
             log.info("slice %d/%d done; %d shards of other slices are not finished yet, so the run is not complete: the "
                      "last slice to finish completes it", shard_slice[0], shard_slice[1], len(others))
             return store.dir
-        ctx.n = len(indices)
+        ctx.n, ctx.n_shards = sum(len(s) for s in shards), len(shards)
+        lead, probed = split_probed(base)
+        for stage, spec in enumerate(probed, start=len(lead) + 1):  # a probe over the run, then its extension
+            for kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
+                executor.phase(ctx, shards, list(range(len(shards))), Phase(kind, stage, spec.name))
         escalations = (collect_escalations(store, len(shards), base, pf.findings, cfg.attack_opts) if cfg.escalate
                        else [])
         cfg.escalations = [e.to_dict() for e in escalations]
@@ -189,7 +197,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
             store.write_config(cfg)
         if escalations:  # phase B: escalation stages on every shard's still-robust samples
             log.info("escalating with %s", ", ".join(e.name for e in escalations))
-            executor.phase(ctx, shards, list(range(len(shards))), "escalation")
+            executor.phase(ctx, shards, list(range(len(shards))), ESCALATION)
     finally:
         ctx.close()
         executor.close()
@@ -207,7 +215,7 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int
     before each one (:mod:`harness.stats.stopping`); records the outcome in provenance and returns the number of shards
     the run keeps."""
     cfg, store = ctx.cfg, ctx.store
-    names, done, work = ctx.steps("attacks")
+    names, done, work = ctx.steps(ATTACKS)
     for name in names:
         ctx.bar(name)
     rule, scope = StopRule.parse(cfg.until, cfg.against), Scope(cfg.about)

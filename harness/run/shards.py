@@ -20,8 +20,10 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar
 from harness.run._acceleration import as_input
+from harness.run.phases import ATTACKS, Phase, PhaseKind
+from harness.run.probe import ProbePlan, extend_shard, plan_probe, split_probed
 from harness.run.rungs import run_rung_stage
-from harness.run.schedule import run_probed, stage_extras
+from harness.run.schedule import stage_extras
 from harness.run.stage import clean_stage, flag_dict, run_stage, skipped_stage, uses_dead_gradient
 from harness.run.verdict import Verifier
 from harness.sources.datasets import TestSet
@@ -49,6 +51,7 @@ class RunShards:
         # the threat model every stage enforces, built from the config (not from what an attack says)
         spec = ThreatSpec.from_config(cfg)
         self.threat = build_threat(spec, defense.bounds) if spec.kind in PERTURBATION_KINDS else None
+        self.defer_probes = True  # probed stages wait for their phases (False: run as any stage, as --estimate does)
         self.progress = StageLog(log, enabled=not cfg.quiet and not bars_enabled(cfg.quiet))  # lines instead of bars
 
     def bar(self, name: str) -> Any:
@@ -67,16 +70,19 @@ class RunShards:
             for bar in self.bars.values():
                 bar.set_postfix_str(text)
 
-    def steps(self, phase: str) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
-        """The attack names of ``phase`` (``attacks``: the battery; ``escalation``: ``cfg.escalations``), whether a
-        shard has them stored, and the work computing them on a shard: what every executor runs per shard."""
+    def steps(self, phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
+        """The attack names of ``phase`` (:mod:`harness.run.phases`), whether a shard has them stored, and the work
+        computing them on a shard: what every executor runs per shard."""
         if self.corrupted is not None:  # no attacks: one stage per corruption and severity
             from harness.run.corruption_stages import steps
             return steps(self, phase)
         base = [AttackSpec.from_dict(s) for s in self.cfg.battery]
-        if phase == "attacks":
-            return ([b.name for b in base], lambda s: self.store.shard_stages(s) is not None,
-                    lambda s, idx: self.run_shard(s, idx, base, first_stage=1, prior=None))
+        lead = split_probed(base)[0] if self.defer_probes else base
+        if phase.kind is PhaseKind.ATTACKS:
+            return ([b.name for b in lead], lambda s: self.store.shard_stages(s) is not None,
+                    lambda s, idx: self.run_shard(s, idx, lead, first_stage=1, prior=None))
+        if phase.kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
+            return self._probe_steps(phase, base[phase.stage - 1])
         escalations = [AttackSpec.from_dict(s) for s in self.cfg.escalations]
         full = ["clean"] + [b.name for b in base] + [e.name for e in escalations]
 
@@ -87,15 +93,43 @@ class RunShards:
 
         return [e.name for e in escalations], lambda s: self.store.shard_stages(s) == full, escalate
 
+    def _probe_steps(self, phase: Phase, spec: AttackSpec) -> tuple[list[str], Callable[[int], bool],
+                                                                     Callable[[int, list[int]], Any]]:
+        """A probed stage's two phases (:mod:`harness.run.probe`); its plan is read from the records when first needed
+        (every shard holds the stages before it then)."""
+        plans: list[ProbePlan] = []
+
+        def plan() -> ProbePlan:
+            if not plans:
+                plans.append(plan_probe(self.store, self.n_shards, spec, phase.stage, decide_by=self.cfg.decide_by
+                                        or "mean", run_seed=self.cfg.seed, decided=phase.kind is PhaseKind.EXTEND))
+            return plans[0]
+
+        if phase.kind is PhaseKind.PROBE:
+            def probe(s: int, idx: list[int]) -> list[dict[str, Any]]:
+                prior = self.store.read_shard(s)
+                return self.run_shard(s, idx, [spec], first_stage=phase.stage, prior=prior[prior.stage < phase.stage],
+                                      plan=plan())
+            return [spec.name], lambda s: spec.name in (self.store.shard_stages(s) or []), probe
+        done = lambda s: "extended" in self.store.read_side(s)["attacks"].get(spec.name, {}).get("probe", {})  # noqa: E731
+        return [spec.name], done, lambda s, idx: extend_shard(self, s, idx, spec, plan())
+
+    def stage_options(self, shard: int, anchors: torch.Tensor) -> dict[str, Any]:
+        """The keyword arguments of ``harness.run.stage.run_stage`` a stage of ``shard`` runs with."""
+        cfg = self.cfg
+        return dict(grad=cfg.grad, eot=cfg.eot, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
+                    batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe, verifier=self.verifier,
+                    anchors=anchors, fresh=self.fresh, threat=self.threat, decide_by=cfg.decide_by or "mean")
+
     def job(self, names: list[str], done: Callable[[int], bool], work: Callable[[int, list[int]], Any]) -> ShardJob:
         """The shard protocol's job for one phase: ``done``/``work`` from :meth:`steps`, progress on skips."""
         return ShardJob(done, work, lambda shard, size: self.skip(shard, size, names))
 
-    def each_shard(self, shards: list[list[int]], which: list[int], phase: str, names: list[str], *,
+    def each_shard(self, shards: list[list[int]], which: list[int], phase: Phase, names: list[str], *,
                    done: Callable[[int], bool], work: Callable[[int, list[int]], None]) -> None:
         """Run ``work`` on every shard in ``which`` not ``done``, by the shard protocol (:mod:`harness.store.shards`)."""
-        self.progress.start_phase(phase, sum(len(shards[s]) for s in which) * len(names), names,
-                                  then="escalations if a diagnostic fires" if phase == "attacks" and self.cfg.escalate
+        self.progress.start_phase(str(phase), sum(len(shards[s]) for s in which) * len(names), names,
+                                  then="escalations if a diagnostic fires" if phase == ATTACKS and self.cfg.escalate
                                   else "")
         each_shard(self.store, shards, which, self.job(names, done, work),
                    waiting=lambda s: log.info("%s: shard %d/%d is being computed by another process; waiting for it",
@@ -112,8 +146,9 @@ class RunShards:
             bar.close()
 
     def run_shard(self, shard: int, indices: list[int], specs: list[AttackSpec], *, first_stage: int,
-                  prior: pd.DataFrame | None) -> list[dict[str, Any]]:
+                  prior: pd.DataFrame | None, plan: ProbePlan | None = None) -> list[dict[str, Any]]:
         """Compute stages ``specs`` of one shard and write it (caller holds its lock); returns per-stage counts.
+        With ``plan``, ``specs`` is one probed stage in its probe phase: it attacks only the plan's members.
 
         The shard's progress is stored after every stage and rung (:mod:`harness.store.partial`), so a resumed
         shard continues where it stopped."""
@@ -168,6 +203,10 @@ class RunShards:
                 continue
             stage = first_stage + k
             before = robust if not cfg.every_attack else torch.ones_like(robust)
+            deferred = torch.zeros_like(before)
+            if plan is not None:  # a probe: the other survivors wait for the extend phase
+                members = torch.tensor([i in plan.members for i in indices], device=before.device)
+                before, deferred = before & members, before & ~members
             attack = spec.build(cfg.eps, cfg.norm)
             why = resolve(spec, attack, stochastic=self.defense.stochastic, run_grad=cfg.grad, run_eot=cfg.eot,
                           autocast=cfg.autocast, probe=self.probe).skip
@@ -192,22 +231,20 @@ class RunShards:
                 continue
             self.progress.stage_start(shard=shard, n_shards=self.n_shards, stage=spec.name, attempted=int(before.sum()))
             t0 = time.monotonic()
-            options = dict(grad=cfg.grad, eot=cfg.eot, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
-                           batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe, verifier=self.verifier,
-                           anchors=anchors, fresh=self.fresh, threat=self.threat, decide_by=decide_by)
-            rungs, share = spec.schedule()
+            options = self.stage_options(shard, anchors)
+            rungs = spec.schedule()[0]
             extra: dict[str, Any] = {}
             if rungs:
                 resume = stored.get("rung") if stored is not None and k == start else None
                 outcome, cols, extra["rungs"] = run_rung_stage(
                     stage, spec, attack, self.defense, x, y, before, rungs=rungs, resume=resume,
                     save=lambda progress, k=k: save(k, progress), **options)
-            elif share is not None and not cfg.every_attack:
-                outcome, cols, extra["probe"], flag = run_probed(run_stage, stage, spec, attack, self.defense, x, y,
-                                                                  before, share=share, **options)
-                side["diagnostics"].extend([flag] if flag else [])
             else:
                 outcome, cols, _ = run_stage(stage, spec, attack, self.defense, x, y, before, **options)
+            if plan is not None:
+                outcome.robust_after = outcome.robust_after | deferred  # deferred samples pass the stage unchanged
+                cols["skipped"] = np.where(deferred.cpu().numpy(), plan.pending(), "")
+                extra["probe"] = plan.info(int(before.sum()))
             seconds, t0 = time.monotonic() - t0, time.monotonic()  # the stage, then its diagnostics
             if not cfg.every_attack:
                 robust = outcome.robust_after

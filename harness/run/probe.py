@@ -1,0 +1,158 @@
+"""A probed stage (a battery entry with ``probe``): its attack first runs on a random part of the samples still
+robust over the whole run, and on the others only if that breaks one of them.
+
+Probed entries end the battery (:func:`harness.run.schedule.check_schedule`). Once every shard has run the
+stages before them, each probed stage takes two phases (:mod:`harness.run.phases`):
+
+- ``probe``: the members are ``probe`` (a share, or a number) of the samples still robust over the run, drawn by a
+  seed from (run seed, stage) over the survivors in dataset order, so they do not depend on the shards. Each shard
+  runs the stage on its members; its other survivors are *deferred*: not attempted, ``skipped`` = ``probe: ...``,
+  their state unchanged.
+- ``extend``: if the members lost one sample over the run, every shard runs the stage on its deferred samples (as
+  part 1 of the stage, with seeds of its own) and the stage is as if run on all. Otherwise the deferred rows keep
+  ``skipped`` = ``probe: ...`` and every shard with deferred samples gets the flag ``probe-only`` whose value bounds
+  (95%, Clopper-Pearson) the share of them the attack would have broken.
+
+Drawn per shard, a probe of 16 would be every survivor of a shard of 16; drawn over the run it costs ``probe``
+attacks whatever the shard size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from harness.api._seeding import SEED_PROBE, derive_seed
+from harness.api.flags import FlagCode
+from harness.api.records import PROBE_SKIP
+from harness.battery.spec import AttackSpec
+from harness.diagnostics import after_stage as diagnostics
+from harness.run.schedule import stage_extras
+from harness.run.stage import flag_dict, run_stage
+from harness.stats.intervals import clopper_pearson
+from harness.stats.scoring import attackable_after
+from harness.store.rundir import COLUMNS, RunStore
+
+
+def probe_size(probe: float, survivors: int) -> int:
+    """Samples a probe of ``probe`` (a share in (0, 1), or a number) takes from ``survivors`` (0 of none)."""
+    k = math.ceil(probe * survivors) if isinstance(probe, float) else int(probe)
+    return max(min(1, survivors), min(k, survivors))
+
+
+def probe_bound(probed: int) -> float:
+    """With none of ``probed`` random samples broken, the 95% upper bound on the share the attack breaks."""
+    return float(clopper_pearson(0, probed, 0.90).high)  # two-sided 90% = one-sided 95% upper bound
+
+
+def split_probed(specs: list[AttackSpec]) -> tuple[list[AttackSpec], list[AttackSpec]]:
+    """The battery's entries without a probe, then the probed ones that end it (checked by ``check_schedule``)."""
+    first = next((i for i, s in enumerate(specs) if s.schedule()[1] is not None), len(specs))
+    return specs[:first], specs[first:]
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """Who a probed stage attacks over the run: the survivors before it, its members, and (once the probe phase is
+    stored on every shard) how many members it broke."""
+
+    stage: int
+    attack: str
+    survivors: int
+    members: frozenset[int]  # dataset indices
+    broken: int | None = None
+
+    @property
+    def probed(self) -> int:
+        return len(self.members)
+
+    def pending(self) -> str:
+        """The ``skipped`` reason of a deferred sample while the probe is undecided."""
+        return (f"{PROBE_SKIP} deferred: {self.attack} runs on the other samples only if it breaks one of the "
+                f"{self.probed} probed at random from the {self.survivors} still robust over the run")
+
+    def unbroken(self) -> str:
+        """The ``skipped`` reason of a sample the stage left because its probe broke none."""
+        return (f"{PROBE_SKIP} {self.attack} broke none of the {self.probed} samples probed at random from the "
+                f"{self.survivors} still robust over the run, so it was not run on the others")
+
+    def info(self, members_here: int) -> dict[str, Any]:
+        """The side data of the stage on a shard with ``members_here`` members."""
+        out: dict[str, Any] = {"survivors": self.survivors, "probed": self.probed, "members": members_here}
+        if self.broken is not None:
+            out.update(broken=self.broken, extended=bool(self.broken) or self.probed == self.survivors)
+            if not out["extended"]:
+                out["bound"] = probe_bound(self.probed)
+        return out
+
+
+def plan_probe(store: RunStore, n_shards: int, spec: AttackSpec, stage: int, *, decide_by: str, run_seed: int,
+               decided: bool = False) -> ProbePlan:
+    """The members of probed stage ``stage`` from the stored records of every shard; with ``decided`` (its probe
+    phase stored on every shard) also how many of them it broke."""
+    records = store.read_records(range(n_shards))
+    before = attackable_after(records[records.stage < stage], decide_by)
+    survivors = np.sort(before.index[before.to_numpy()].to_numpy())
+    k = probe_size(spec.schedule()[1] or 0, len(survivors))
+    gen = torch.Generator().manual_seed(derive_seed(run_seed, 0, stage, SEED_PROBE))
+    members = frozenset(int(i) for i in survivors[torch.randperm(len(survivors), generator=gen)[:k].numpy()])
+    broken = None
+    if decided:
+        after = attackable_after(records[records.stage <= stage], decide_by)
+        broken = int(sum(1 for i in members if not after.loc[i]))
+    return ProbePlan(stage, spec.name, len(survivors), members, broken)
+
+
+def extend_shard(ctx: Any, shard: int, indices: list[int], spec: AttackSpec, plan: ProbePlan) -> list[dict[str, Any]]:
+    """The ``extend`` phase of one shard (caller holds its lock): the stage run on the deferred samples and merged
+    into the stored stage if the probe broke one, else the deferral recorded as final with ``probe-only``.
+    ``ctx``: the run's :class:`harness.run.shards.RunShards`. Returns the per-stage counts (progress)."""
+    store, cfg, stage = ctx.store, ctx.cfg, plan.stage
+    records, side = store.read_shard(shard), store.read_side(shard)
+    at = (records.stage == stage).to_numpy()
+    frame = records[at].reset_index(drop=True)
+    deferred = frame.skipped.str.startswith(PROBE_SKIP).to_numpy()
+    entry = side["attacks"][spec.name]
+    entry["probe"] = plan.info(int(entry.get("probe", {}).get("members", 0)))
+    adv, summary = store.read_adversarials(shard) if cfg.save_adversarials else None, []
+    if deferred.any() and plan.broken:
+        x, y = ctx.data.get(indices, ctx.device)
+        anchors = ctx.data.get(indices, ctx.device)[0]
+        rest = torch.tensor(deferred, device=ctx.device)
+        ctx.progress.stage_start(shard=shard, n_shards=ctx.n_shards, stage=spec.name, attempted=int(deferred.sum()))
+        outcome, cols, _ = run_stage(stage, spec, spec.build(cfg.eps, cfg.norm), ctx.defense, x, y, rest, part=1,
+                                     **ctx.stage_options(shard, anchors))
+        frame = merge_rows(frame, ctx._frame(cols, indices, y, shard, stage, spec.name), deferred)
+        side["diagnostics"].extend(flag_dict(f, outcome) for f in diagnostics.after_stage(outcome))
+        if adv is not None:
+            adv["x_adv"][spec.name][outcome.robust_before.cpu()] = outcome.x_adv.cpu()
+        seconds = float(frame.time_s[deferred].sum())
+        summary.append(dict(stage=spec.name, attempted=int(deferred.sum()), seconds=seconds, checks=0.0,
+                            robust=int((outcome.robust_after & rest).sum())))
+        entry.update(attempted=int(frame.attempted.sum()), **stage_extras(outcome, frame))
+    elif deferred.any():
+        frame.loc[deferred, "skipped"] = plan.unbroken()
+        side["diagnostics"].append({
+            "code": FlagCode.PROBE_ONLY.value, "attack": spec.name, "message": plan.unbroken(),
+            "remedy": "to run it on every sample, drop its probe (or give a larger one)",
+            "value": entry["probe"]["bound"], "escalate": [], "shard": shard, "stage": stage})
+    records = pd.concat([records[~at], frame], ignore_index=True).sort_values("stage", kind="stable")
+    state = attackable_after(records[records.stage <= stage], cfg.decide_by or "mean")
+    entry["robust_after"] = int(state.loc[indices].sum())
+    store.write_shard(shard, records[COLUMNS].reset_index(drop=True), side, adv)
+    ctx.bar(spec.name).update(len(indices))
+    if summary:
+        ctx.stage_done(shard=shard, n_shards=ctx.n_shards, size=len(indices), **summary[-1])
+    return summary
+
+
+def merge_rows(a: pd.DataFrame, b: pd.DataFrame, take_b: np.ndarray) -> pd.DataFrame:
+    """Rows of ``a`` with those at ``take_b`` from ``b`` (one stage of one shard, rows in the same order)."""
+    out = a.copy()
+    for col in a.columns:
+        out[col] = [v if not t else w for v, w, t in zip(a[col].tolist(), b[col].tolist(), take_b)]
+    return out.astype(a.dtypes.to_dict())
