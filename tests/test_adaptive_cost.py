@@ -225,7 +225,9 @@ def _probe_run(root, out, armed: bool, **kw):
 
 
 def test_probe_that_breaks_a_survivor_is_extended_to_all(tiny_data_root, tmp_path):
-    run_dir, trig, clean = _probe_run(tiny_data_root, tmp_path, armed=True)
+    from harness.store.rundir import RunStore
+
+    run_dir, trig, clean = _probe_run(tiny_data_root, tmp_path, armed=True, save_adversarials=True)
     assert clean.correct_all.all()  # every sample robust before, and breakable by the attack ...
     assert trig.attempted.all() and (trig.skipped == "").all()  # ... so the probe broke one and every sample was attacked
     assert not trig.correct_all.any()
@@ -235,6 +237,8 @@ def test_probe_that_breaks_a_survivor_is_extended_to_all(tiny_data_root, tmp_pat
     assert all(i == {"survivors": 24, "probed": 3, "broken": 3, "extended": True} for i in info)
     assert all(side[s]["attacks"]["trig"]["attempted"] == 12 for s in side)
     assert "probe-only" not in {f["code"] for f in load_diagnostics(run_dir)}
+    for s in side:  # the adversarials of the probe and of its extension are both stored
+        assert (RunStore(run_dir).read_adversarials(s)["x_adv"]["trig"][:, 0, 0, 0] == 0).all()
 
 
 def test_probe_that_breaks_nothing_is_not_extended_and_is_recorded(tiny_data_root, tmp_path):
