@@ -172,3 +172,18 @@ def test_cross_threat_pair_gives_harness_compares_figures_and_refuses_another_de
     assert figures["all"]["a_only"] == 3 and figures["all"]["b_only"] == 37
     with pytest.raises(SystemExit, match="defense: diffpure-ddpm .* but none"):
         script.main([f"{run}:pgd-full", f"{SHIPPED / 'none-pgd50-n256'}:pgd"])
+
+
+def test_cross_threat_pair_of_a_deterministic_defense_compares_once(capsys, tmp_path):
+    """With one evaluation draw the criteria coincide: one comparison, harness compare's, not a `mean` line whose
+    fractional-score bounds would leave the interval open to 0 when every difference points one way."""
+    run = SHIPPED / "none-pgd50-n256"
+    out = tmp_path / "pair.json"
+    assert _cross_threat_pair().main([f"{run}:clean", f"{run}:pgd", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())["criteria"]
+    assert list(figures) == ["all"]
+    capsys.readouterr()
+    main(["compare", str(run), str(run), "--attack", "clean", "--attack-b", "pgd"])
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("A - B"))
+    low, high = (float(v) for v in re.findall(r"\[([-+0-9.]+), ([-+0-9.]+)\]", line)[0])
+    assert (round(100 * figures["all"]["low"], 2), round(100 * figures["all"]["high"], 2)) == (low, high) and low > 50
