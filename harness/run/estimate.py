@@ -207,11 +207,12 @@ def estimate(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int]
     x, y = data.get(indices[:k], device)
     with tempfile.TemporaryDirectory(prefix="harness-estimate-") as tmp:
         store = RunStore(tmp)
-        ctx = RunShards(calib, defense, data, store, device, k, 1, probe=probe, verifier=verifier, stateful=stateful)
+        # a probed stage timed on every survivor: its cost when its probe is extended
+        ctx = RunShards(calib, defense, data, store, device, k, 1, probe=probe, verifier=verifier, stateful=stateful,
+                        defer_probes=False)
         cal = _Calibration(calib, defense, as_input(x, cfg.channels_last), y, probe, verifier, ctx.threat)
         try:
             t0 = time.perf_counter()
-            ctx.defer_probes = False  # a probed stage timed on every survivor: its cost when its probe is extended
             done = ctx.steps(ATTACKS)[2](0, indices[:k])
             wall = time.perf_counter() - t0
             fired = collect_escalations(store, 1, base, findings, cfg.attack_opts) if cfg.escalate else []

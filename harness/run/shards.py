@@ -41,7 +41,7 @@ class RunShards:
 
     def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
                  n_shards: int, *, probe: GradientProbe | None, verifier: Verifier | None,
-                 stateful: bool = False) -> None:
+                 stateful: bool = False, defer_probes: bool = True) -> None:
         self.cfg, self.defense, self.data, self.store, self.device, self.n = cfg, defense, data, store, device, n
         self.n_shards, self.probe, self.verifier = n_shards, probe, verifier
         # a defense that keeps state is queried on a fresh instance per pass (harness.diagnostics.preflight)
@@ -51,7 +51,7 @@ class RunShards:
         # the threat model every stage enforces, built from the config (not from what an attack says)
         spec = ThreatSpec.from_config(cfg)
         self.threat = build_threat(spec, defense.bounds) if spec.kind in PERTURBATION_KINDS else None
-        self.defer_probes = True  # probed stages wait for their phases (False: run as any stage, as --estimate does)
+        self.defer_probes = defer_probes  # probed stages wait for their phases (False: run as any stage, for --estimate)
         self.progress = StageLog(log, enabled=not cfg.quiet and not bars_enabled(cfg.quiet))  # lines instead of bars
 
     def bar(self, name: str) -> Any:
