@@ -129,6 +129,39 @@ def test_randomized_purifier_with_too_few_eot_draws():
     assert "identity-jacobian" not in codes(flags)  # zero-mean noise: the identity Jacobian is exact, not a flaw
 
 
+class LogitNoise(nn.Module):
+    """The tiny CNN's logits plus Gaussian noise: every evaluation is a coin flip on many samples."""
+
+    def __init__(self, sigma: float) -> None:
+        super().__init__()
+        self.net, self.sigma = tiny_cnn(), sigma
+
+    def forward(self, x):
+        out = self.net(x)
+        return out + self.sigma * torch.randn_like(out)
+
+
+def test_noise_check_discounts_the_defense_own_randomness():
+    """A stochastic defense whose answers are random per evaluation, attacked and 'noised' at a negligible ε: noise
+    is no better than re-evaluating the attack's points, so noise-beats-attack must stay silent (it fired: 4 noise
+    evaluations against 1 of the attack's point found wrong draws by chance alone)."""
+    defense = Defense(LogitNoise(12.0), None, num_classes=NUM_CLASSES, stochastic=True, name="logit-noise")
+    outcome, flags = stage(defense, PGD, eps=1e-6)
+    assert outcome.robust_after.sum() >= 8  # the check sees failed samples
+    assert "noise-beats-attack" not in codes(flags)
+
+
+def test_noise_check_fires_on_a_stochastic_defense_that_noise_breaks():
+    """The same check with the control still fires when noise truly does better: a quantizing purifier behind a
+    little noise (zero gradients, so PGD without a random start stays at the clean input)."""
+    from helpers_attacks import Noise, Quantize
+
+    defense = Defense(tiny_cnn(), nn.Sequential(Noise(0.002), Quantize()), num_classes=NUM_CLASSES, stochastic=True,
+                      name="noisy-quantize")
+    _, flags = stage(defense, PGD_NO_START)
+    assert "noise-beats-attack" in codes(flags)
+
+
 def test_identity_like_jacobian_purifier():
     _, flags = stage(make("sign"), PGD, eps=0.03)
     assert "identity-jacobian" in codes(flags)

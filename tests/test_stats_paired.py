@@ -11,6 +11,7 @@ from harness.stats.paired import (
     compare_paired,
     mcnemar_exact,
     newcombe_difference,
+    sign_test_greater,
     two_proportion_test,
 )
 
@@ -132,3 +133,14 @@ def test_paired_bootstrap_alone_collapses_when_no_pair_disagrees() -> None:
     assert boot.low == boot.high == 0.0
     d = compare_paired(zeros, zeros).difference
     assert d.method == "paired-newcombe-score" and d.low < -0.01 and d.high > 0.01
+
+
+def test_sign_test_greater_is_exact_and_one_sided():
+    assert sign_test_greater(5, 0) == pytest.approx(1 / 32)
+    assert sign_test_greater(0, 5) == 1.0 and sign_test_greater(0, 0) == 1.0
+    rng = np.random.default_rng(0)  # level under the null: fair coins on the discordant pairs
+    ups = rng.binomial(40, 0.5, size=4000)
+    rate = np.mean([sign_test_greater(int(u), 40 - int(u)) < 0.05 for u in ups])
+    assert rate <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 4000)
+    with pytest.raises(ValueError, match="discordant counts"):
+        sign_test_greater(-1, 2)

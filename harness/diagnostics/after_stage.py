@@ -14,7 +14,8 @@ et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pin
   zero, NaN or inf (cross-entropy only: ``ce-vanishing``), or a loss that did not increase;
 - ``eot-disagree``: two independent EOT gradient estimates have a low cosine similarity;
 - ``identity-jacobian``: the purifier's exact Jacobian is identity-like (``harness.diagnostics.gradcheck``);
-- ``noise-beats-attack``: random noise of the same norm breaks samples the attack failed on;
+- ``noise-beats-attack``: random noise of the same norm breaks samples the attack failed on (on a stochastic
+  defense, significantly more of them than re-evaluating the attack's points does);
 - ``probability-logits``: the outputs look like probabilities, not logits;
 - ``non-finite-logits``: some adversarial inputs give NaN/inf logits (counted as not robust);
 - ``threat-model-violation``: the attack returned inputs outside the ε-ball or the bounds (projected back);
@@ -42,10 +43,13 @@ from harness.api.target import Target
 from harness.api.threat import ThreatModel, project_ball
 from harness.diagnostics import escalation
 from harness.diagnostics.gradcheck import carries_signal, gradient_health, identity_like, jacobian_alignment
+from harness.stats.paired import sign_test_greater
 
 CHECKED_FAILURES = 8  # samples used by the checks that spend extra passes
 EOT_PROBE = 32  # samples whose mean gradient cosine decides eot-disagree (per-sample cosines vary widely)
-NOISE_SAMPLES = 64  # samples (and 4 draws each) for the random-noise check
+NOISE_SAMPLES = 64  # samples for the random-noise check
+NOISE_TRIES = 4  # noise points per sample (and, on a stochastic defense, re-evaluations of the attack's point)
+NOISE_ALPHA = 0.05  # stochastic defense: sign-test level at which noise beats the re-evaluated attack
 FALLING_WINDOW = 0.1  # last share of the accuracy trace inspected
 FALLING_MIN_DROP = 0.01  # accuracy drop (fraction of attempted samples) that counts as "still falling"
 MASKING_MAX_ACC = 0.1  # an unbounded attack leaving more than this robust is masked
@@ -330,26 +334,34 @@ def check_blackbox(c: _Evidence) -> Flag | None:
 
 def check_noise(c: _Evidence) -> Flag | None:
     """Random points of the stage's threat model (``Threat.noise``: the ε-ball's sphere, or the band's) that break
-    samples the attack failed on."""
+    samples the attack failed on.
+
+    Deterministic defense: any such sample is proof. Stochastic defense: a sample the attack's point survived in one
+    evaluation can fail a later one by the defense's own randomness, and the noise gets :data:`NOISE_TRIES`
+    evaluations; so the attack's point is re-evaluated as often (the control), and the flag needs noise to break
+    significantly more of the failed samples than the control does (one-sided sign test on the discordant samples at
+    :data:`NOISE_ALPHA`)."""
     x, y, xa = c.probe(NOISE_SAMPLES)
     threat = getattr(c.o, "threat", None) or ThreatModel(c.attack.norm, float(c.attack.eps), c.defense.bounds)
     if x.shape[0] == 0 or not math.isfinite(threat.eps) or threat.eps <= 0 or threat.norm not in ("Linf", "L2"):
         return None
     t = c.target()
     # the attack's own point, evaluated the same way: count only samples the attack failed on under this evaluation
-    at_adv = t.predict(xa, c.draws)
-    failed = correct(at_adv, y)
+    failed = correct(t.predict(xa, c.draws), y)
     broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-    for _ in range(4):
-        logits = t.predict(threat.noise(x), c.draws)
-        broken |= ~correct(logits, y)
-    n = int((broken & failed).sum())
-    if n and n / x.shape[0] >= (0.1 if c.defense.stochastic else 0.0):
-        return Flag(FlagCode.NOISE_BEATS_ATTACK, c.name, f"random noise of size {threat.eps:.3g} in the threat model "
-                    f"({threat.describe()}) broke {n} of {x.shape[0]} samples {c.name} failed on", "the attack is not "
-                    "working (masking or bad step size): add gradient-free attacks (Square, RayS) and check gradients",
-                    n / x.shape[0])
-    return None
+    control = torch.zeros_like(broken)
+    for _ in range(NOISE_TRIES):
+        broken |= ~correct(t.predict(threat.noise(x), c.draws), y)
+        if c.defense.stochastic:
+            control |= ~correct(t.predict(xa, c.draws), y)
+    up, down = int((broken & ~control & failed).sum()), int((control & ~broken & failed).sum())
+    if not up or (c.defense.stochastic and sign_test_greater(up, down) >= NOISE_ALPHA):
+        return None
+    control_note = f", a re-evaluation of the attack's points {down}" if c.defense.stochastic else ""
+    return Flag(FlagCode.NOISE_BEATS_ATTACK, c.name, f"random noise of size {threat.eps:.3g} in the threat model "
+                f"({threat.describe()}) broke {up} of {x.shape[0]} samples {c.name} failed on{control_note}",
+                "the attack is not working (masking or bad step size): add gradient-free attacks (Square, RayS) and "
+                "check gradients", up / x.shape[0])
 
 
 def _tie_flag(tied: Tensor | None, name: str) -> Flag | None:

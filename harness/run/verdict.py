@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from scipy import stats
 from torch import Tensor
 
 from harness.api._seeding import seeded
@@ -32,6 +31,7 @@ from harness.api.defense import Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.threat import Threat
 from harness.diagnostics.preflight import apply_module_mode
+from harness.stats.paired import sign_test_greater
 
 DISAGREE_ALPHA = 1e-3  # sign-test level at which a stochastic defense's two evaluations are said to disagree
 
@@ -107,7 +107,7 @@ def combine(attacked: Evaluation, fresh: Evaluation, *, stochastic: bool) -> tup
     if stochastic:
         up = int((attacked.correct.sum(1) > fresh.correct.sum(1)).sum())
         down = int((attacked.correct.sum(1) < fresh.correct.sum(1)).sum())
-        p = float(stats.binomtest(up, up + down, 0.5, alternative="greater").pvalue) if up + down else 1.0
+        p = sign_test_greater(up, down)
         return fresh, Agreement(differ, p < DISAGREE_ALPHA, p)
     both = attacked.correct & fresh.correct
     # a draw is correct only where both said so; otherwise keep a wrong prediction (the fresh one's if it erred)

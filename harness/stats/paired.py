@@ -70,6 +70,14 @@ def mcnemar_exact(a: np.ndarray, b: np.ndarray) -> tuple[float, int, int]:
     return float(stats.binomtest(a_only, a_only + b_only, 0.5).pvalue), a_only, b_only
 
 
+def sign_test_greater(up: int, down: int) -> float:
+    """One-sided exact sign test on discordant pairs: the p-value of ``up`` or more of ``up + down`` under a fair
+    coin (1.0 with no discordant pairs). Whether one paired treatment wins more often than chance allows."""
+    if up < 0 or down < 0:
+        raise ValueError(f"discordant counts must be >= 0, got {up} and {down}")
+    return float(stats.binomtest(up, up + down, 0.5, alternative="greater").pvalue) if up + down else 1.0
+
+
 def compare_paired(a: np.ndarray, b: np.ndarray, *, confidence: float = 0.95, seed: int = 0,
                    n_resamples: int = 10_000, method: str = "BCa") -> Comparison:
     """Interval of mean(a - b) over samples plus the exact McNemar test.
