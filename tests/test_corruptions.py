@@ -55,6 +55,30 @@ def test_every_corruption_is_bit_identical_across_runs_processes_and_subsets():
     assert out.split() == [_digest(full[c]) for c in CORRUPTIONS]  # another process: the same bytes
 
 
+GOLDEN_DIGESTS = REPO / "tests" / "golden" / "corruption-digests.json"
+
+
+def test_the_corrupted_bytes_are_those_recorded_on_the_machine_that_made_the_shipped_runs():
+    """Across machines: the SHA-256 of every corruption of fixed images equals the digest recorded here, for the same
+    generator and package versions (another machine's CPU or BLAS must not change a byte). Other versions make other
+    bytes by design (the cache regenerates them): the test then says which differ and is skipped. Regenerate the file
+    after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_corruptions.py``."""
+    import os
+
+    from harness.sources.corruptions import generator_info
+
+    x, idx = synthetic_images(6, seed=3), [0, 9, 1234, 5000, 7777, 9999]
+    digests = {f"{c}-{s}": _digest(corrupt(x, idx, c, s, seed=11)) for c in CORRUPTIONS for s in (1, 5)}
+    made = {"generator_info": generator_info(), "digests": digests}
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN_DIGESTS.write_text(json.dumps(made, indent=1, sort_keys=True) + "\n")
+    recorded = json.loads(GOLDEN_DIGESTS.read_text())
+    if recorded["generator_info"] != made["generator_info"]:
+        pytest.skip(f"digests recorded for {recorded['generator_info']}, installed {made['generator_info']}")
+    assert {k for k in digests if digests[k] != recorded["digests"].get(k)} == set()
+    assert set(recorded["digests"]) == set(digests)
+
+
 def test_seeds_change_the_random_corruptions_only():
     x, idx = synthetic_images(4), [0, 1, 2, 3]
     for c in CORRUPTIONS:
