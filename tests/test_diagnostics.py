@@ -162,6 +162,33 @@ def test_noise_check_fires_on_a_stochastic_defense_that_noise_breaks():
     assert "noise-beats-attack" in codes(flags)
 
 
+class Flippable(nn.Module):
+    """The tiny CNN, counting the rows it sees; ``flipped`` negates its logits (every correct answer turns wrong)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.flipped, self.rows = tiny_cnn(), False, 0
+
+    def forward(self, x):
+        self.rows += x.shape[0]
+        out = self.net(x)
+        return -out if self.flipped else out
+
+
+def test_noise_check_spends_nothing_on_samples_the_re_evaluation_breaks():
+    """Noise and control are only compared on the samples the attack's point survives when re-evaluated, so the
+    others must not cost an evaluation (they cost 2 x NOISE_TRIES more: on a purifier, full purifications)."""
+    model = Flippable()
+    defense = Defense(model, None, num_classes=NUM_CLASSES, stochastic=True, name="flippable")
+    outcome, _ = stage(defense, PGD, eps=0.03)
+    evidence = diagnostics._Evidence(outcome)
+    probed = evidence.probe(diagnostics.NOISE_SAMPLES)[0].shape[0]
+    assert probed > 0
+    model.flipped, model.rows = True, 0  # the re-evaluation now breaks every probed sample
+    assert diagnostics.check_noise(evidence) is None
+    assert model.rows == probed * evidence.draws  # the re-evaluation only
+
+
 def test_identity_like_jacobian_purifier():
     _, flags = stage(make("sign"), PGD, eps=0.03)
     assert "identity-jacobian" in codes(flags)

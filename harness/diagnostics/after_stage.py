@@ -346,15 +346,19 @@ def check_noise(c: _Evidence) -> Flag | None:
     if x.shape[0] == 0 or not math.isfinite(threat.eps) or threat.eps <= 0 or threat.norm not in ("Linf", "L2"):
         return None
     t = c.target()
-    # the attack's own point, evaluated the same way: count only samples the attack failed on under this evaluation
+    # the attack's own point, evaluated the same way: only samples the attack failed on under this evaluation count,
+    # so only those get the noise and the control (on a purifier, each evaluation is a full purification)
     failed = correct(t.predict(xa, c.draws), y)
+    x, y, xa = x[failed], y[failed], xa[failed]
+    if x.shape[0] == 0:
+        return None
     broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     control = torch.zeros_like(broken)
     for _ in range(NOISE_TRIES):
         broken |= ~correct(t.predict(threat.noise(x), c.draws), y)
         if c.defense.stochastic:
             control |= ~correct(t.predict(xa, c.draws), y)
-    up, down = int((broken & ~control & failed).sum()), int((control & ~broken & failed).sum())
+    up, down = int((broken & ~control).sum()), int((control & ~broken).sum())
     if not up or (c.defense.stochastic and sign_test_greater(up, down) >= NOISE_ALPHA):
         return None
     control_note = f", a re-evaluation of the attack's points {down}" if c.defense.stochastic else ""
