@@ -153,6 +153,25 @@ def test_resume_with_other_package_versions_is_refused(tiny_data_root, tmp_path,
         runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="v"), defense=_tiny())
 
 
+def test_resume_after_a_commit_of_only_records_or_docs_is_not_refused(tiny_data_root, tmp_path, monkeypatch):
+    """A long run whose records are committed between sessions resumes without --force-resume: a new commit that
+    changes no code changes no result. An edit of the harness's code (committed or not) is refused."""
+    from harness.store import fingerprint, rundir
+
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=32, run_id="c"), defense=_tiny())
+    for suffix in (".parquet", ".json"):  # as if the job died before its last shard
+        (run_dir / "records" / f"shard-00001{suffix}").unlink()
+    for module in (fingerprint, rundir):  # a commit that added records and docs
+        monkeypatch.setattr(module, "git_commit", lambda: "0" * 40)
+    assert runner.run(_cfg(tiny_data_root, tmp_path, n=32, run_id="c"), defense=_tiny()) == run_dir
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["finished"] and prov["forced_resumes"] == [] and prov["sessions"][-1]["git_commit"] == "0" * 40
+    (run_dir / "records" / "shard-00001.parquet").unlink()
+    monkeypatch.setattr(fingerprint, "code_hash", lambda dirs=None: "f" * 64)  # an edited attack or engine file
+    with pytest.raises(ResumeMismatchError, match=r"harness code \(.* -> ffffffffffff\).*--force-resume"):
+        runner.run(_cfg(tiny_data_root, tmp_path, n=32, run_id="c"), defense=_tiny())
+
+
 def test_resume_on_other_data_is_refused(tiny_data_root, tmp_path):
     run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16), defense=_tiny())
     other = tmp_path / "other-data"

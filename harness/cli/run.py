@@ -44,8 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpus-per-task", type=POSITIVE, metavar="C", help="with --executor ray: CPUs per shard task "
                                                                      "[default: 1]")
     p.add_argument("--force-resume", action="store_true",
-                   help="resume even if the defense source or weights, the data, package versions or the harness "
-                        "commit changed since the run started (recorded in provenance.json)")
+                   help="resume even if the defense source or weights, the data, package versions or the harness's "
+                        "code changed since the run started (recorded in provenance.json)")
     p.set_defaults(func=main)
 
 

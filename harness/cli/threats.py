@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_config_options(p, exclude=SET_BY_THREAT)
     p.add_argument("--format", default="markdown", choices=FORMATS, help="format of the table [default: markdown]")
     p.add_argument("--force-resume", action="store_true",
-                   help="resume runs even if the defense, data, package versions or harness commit changed")
+                   help="resume runs even if the defense, data, package versions or harness code changed")
     p.set_defaults(func=main)
 
 

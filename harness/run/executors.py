@@ -15,7 +15,6 @@ every Ray node sees at the same path (the driver hands them to the tasks as abso
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -229,8 +228,8 @@ def compute_shard(job: dict[str, Any], phase: Phase, shard: int, indices: list[i
 
 def _build(cfg: RunConfig, run_dir: str) -> tuple[Placed, Any]:
     """The defense (on the task's device) and data of ``cfg``, built once per worker process and checked against
-    the run's fingerprint, so a node with other defense files, weights, data or packages computes nothing. The
-    harness commit is left out: a commit during a long run (fresh workers check again) must not stop it."""
+    the run's fingerprint, so a node with other harness code, defense files, weights, data or packages computes
+    nothing."""
     import ray
 
     key = json.dumps([cfg.defense, cfg.defense_opts, cfg.dataset, cfg.data_root, cfg.device, run_dir], default=str)
@@ -241,7 +240,7 @@ def _build(cfg: RunConfig, run_dir: str) -> tuple[Placed, Any]:
         selected = np.asarray(prov["indices"], dtype=np.int64)
         stored = fingerprint.Fingerprint.from_dict(prov.get("fingerprint") or {})
         mine = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
-        changes = stored.differences(dataclasses.replace(mine, harness_commit=stored.harness_commit))
+        changes = stored.differences(mine)
         if changes:
             raise SetupError(f"a Ray worker on {platform.node()} differs from the run's driver in {'; '.join(changes)}; "
                              "every node needs the same harness, packages, defense files and data")

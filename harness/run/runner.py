@@ -122,7 +122,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
         gpus_per_task: float | None = None, cpus_per_task: float | None = None) -> Path:
     """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
 
-    A resume whose defense source or weights, data, package versions or harness commit differ from
+    A resume whose defense source or weights, data, package versions or harness code differ from
     the stored fingerprint is refused unless ``force_resume`` (then recorded in provenance). Several
     processes may run the same command at once: each computes the shards no other process holds
     (per-shard locks), then waits for the others' shards, so every shard is computed exactly once.

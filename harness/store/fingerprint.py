@@ -1,5 +1,5 @@
 """What determines a run's results beyond its config: the defense's source files and weights, the
-evaluated data, the versions of the packages that compute results, and the harness commit.
+evaluated data, the versions of the packages that compute results, and the harness's own code.
 
 The fingerprint is stored in the run's provenance; a resume whose fingerprint differs is refused
 (naming what changed), so one run directory never mixes shards of two models or datasets.
@@ -28,7 +28,7 @@ RESULT_PACKAGES = ("torch", "torchvision", "pyautoattack", "torchattacks", "robu
 
 
 def _versioned_roots() -> tuple[str, ...]:
-    """Source files under these packages are covered by the package version or harness commit instead."""
+    """Source files under these packages are covered by the package version or the harness code hash instead."""
     import torch
 
     return tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, __import__("harness")))
@@ -36,7 +36,11 @@ def _versioned_roots() -> tuple[str, ...]:
 # field name -> how a mismatch is named to the user
 LABELS = {"defense_source": "defense source", "defense_weights": "defense weights (parameters and buffers)",
           "data": "data (selected images and labels)", "versions": "package versions",
-          "harness_commit": "harness git commit"}
+          "harness_code": "harness code (source files of the engine, attacks, defenses and presets)"}
+
+# the packages whose source computes a run's results (the report writers only read records)
+CODE_PACKAGES = ("harness", "harness.attacks", "harness.defenses", "harness.presets")
+_CODE_SUFFIXES = (".py", ".toml")
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class Fingerprint:
     defense_weights: str = ""
     data: str = ""
     versions: dict[str, str | None] = field(default_factory=dict)
-    harness_commit: str | None = None
+    harness_code: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +88,7 @@ def compute(spec: str, defense: nn.Module, x: np.ndarray, y: np.ndarray) -> Fing
     """Fingerprint of defense ``spec`` (built as ``defense``) evaluated on images ``x`` with labels ``y``."""
     files = defense_source_files(spec, defense)
     return Fingerprint(defense_source={str(p): hash_file(p) for p in files}, defense_weights=hash_state(defense),
-                       data=hash_arrays(x, y), versions=package_versions(RESULT_PACKAGES), harness_commit=git_commit())
+                       data=hash_arrays(x, y), versions=package_versions(RESULT_PACKAGES), harness_code=code_hash())
 
 
 def defense_source_files(spec: str, defense: nn.Module) -> list[Path]:
@@ -165,10 +169,10 @@ def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     return out
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, cwd: Path | None = None) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(["git", *args], cwd=cwd or Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -179,7 +183,31 @@ def git_commit() -> str | None:
     return _git("rev-parse", "HEAD")
 
 
-def git_dirty() -> bool | None:
-    """Whether tracked harness files differ from the commit (None outside a git checkout)."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+def code_dirs() -> list[Path]:
+    """The folders of :data:`CODE_PACKAGES` as imported (in a checkout: ``harness/``, ``attacks/``, ...)."""
+    dirs: list[Path] = []
+    for name in CODE_PACKAGES:
+        found = importlib.util.find_spec(name)
+        dirs += [Path(p).resolve() for p in (found.submodule_search_locations or [])] if found is not None else []
+    return dirs
+
+
+def code_hash(dirs: list[Path] | None = None) -> str:
+    """Hash of the source files (``*.py``, ``*.toml``) under ``dirs`` (default :func:`code_dirs`), by path
+    relative to each folder and content. Unlike the commit it ignores what cannot change a result (docs, the
+    records a run writes into a checkout, tests) and sees uncommitted edits and new files."""
+    digest = hashlib.sha256()
+    for root in dirs if dirs is not None else code_dirs():
+        files = sorted(p for p in root.rglob("*") if p.suffix in _CODE_SUFFIXES and p.is_file()
+                       and "__pycache__" not in p.parts)
+        for path in files:
+            digest.update(f"{root.name}/{path.relative_to(root).as_posix()}:{hash_file(path)};".encode())
+    return digest.hexdigest()
+
+
+def git_dirty(dirs: list[Path] | None = None) -> bool | None:
+    """Whether tracked files of the harness's code (:func:`code_dirs`, or ``dirs``) differ from the commit; None
+    outside a git checkout. Records and docs written into the checkout do not count."""
+    dirs = code_dirs() if dirs is None else dirs
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", *map(str, dirs), cwd=dirs[0] if dirs else None)
     return None if status is None else bool(status)
