@@ -15,7 +15,9 @@ command again resumes both), then prints
    time of the attacks (the records' ``time_s``) and the ratios old / new.
 
 Two processes running the same command at once (``--threads 1`` each) share the shards of each run between them
-(the harness's per-shard locks); ``--force-resume`` continues runs another harness commit started (recorded).
+(the harness's per-shard locks); a process that finds every shard of the full run taken waits for the last one, so
+``--only new`` starts the cheap run beside it. ``--force-resume`` continues runs whose harness code changed
+(recorded).
 
 Escalation is off by default (both batteries would add different attacks; ``--escalate`` turns it on). For a quick
 check of the machinery, ``--budget-scale 0.02`` scales every iteration, query and rung count of both batteries.
@@ -97,27 +99,35 @@ def summary(run_dir: Path) -> tuple[pd.DataFrame, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--defense", required=True)
-    p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE")
-    p.add_argument("--old", default="adaptive", help="the full battery [adaptive]")
+    p.add_argument("--defense", required=True, help="registered defense name, or file.py:factory")
+    p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE", help="a defense option (repeatable)")
+    p.add_argument("--old", default="adaptive", help="the full battery: preset name or battery file [adaptive]")
     p.add_argument("--new", default="adaptive-fast", help="the cheap schedule [adaptive-fast]")
-    p.add_argument("--n", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eps", type=float, default=8 / 255)
-    p.add_argument("--eval-repeats", type=int, default=None, help="[10 on a stochastic defense]")
+    p.add_argument("--only", choices=("old", "new"), default=None,
+                   help="compute only this battery's run, then exit (e.g. start the cheap run on a core the full\n"
+                        "run's last shard leaves idle); the comparison is printed by a run without --only")
+    p.add_argument("--n", type=int, default=16, help="test images, the harness's fixed choice for --seed [16]")
+    p.add_argument("--seed", type=int, default=0, help="run seed: choice of images and attack randomness [0]")
+    p.add_argument("--eps", type=float, default=8 / 255, help="Linf radius [8/255]")
+    p.add_argument("--eval-repeats", type=int, default=None, help="evaluation draws R [10 on a stochastic defense]")
     p.add_argument("--eot", type=int, default=None, help="EOT of every attack of both batteries [their defaults]")
     p.add_argument("--budget-scale", type=float, default=1.0, help="scale iterations, queries and rungs [1]")
     p.add_argument("--escalate", action="store_true", help="let diagnostics add attacks to both runs")
-    p.add_argument("--out", default="runs")
-    p.add_argument("--data-root", default=None)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--shard-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--out", default="runs", help="folder of the two run directories [runs]")
+    p.add_argument("--data-root", default=None, help="CIFAR-10 folder [$HARNESS_DATA, else the user cache folder]")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of this process [torch's default]")
+    p.add_argument("--batch-size", type=int, default=256, help="as harness run --batch-size [256]")
+    p.add_argument("--shard-size", type=int, default=256,
+                   help="samples per shard, the unit two processes share and a restart loses at most [256]")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto [auto]")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
     p.add_argument("--force-resume", action="store_true",
-                   help="resume runs started by another harness commit or package set (recorded in provenance)")
+                   help="resume runs whose harness code or packages changed since they started (recorded in\n"
+                        "provenance)")
     args = p.parse_args()
+    if args.only:
+        run_battery(args, args.old if args.only == "old" else args.new)
+        return
     (old, old_rule), (new, new_rule) = (summary(run_battery(args, b)) for b in (args.old, args.new))
     print(f"\n== {args.defense} {args.defense_opt or ''}, n = {args.n}, seed {args.seed}, eps {args.eps:.5g}; "
           f"old = {args.old} (decide_by {old_rule}), new = {args.new} (decide_by {new_rule}); load average "

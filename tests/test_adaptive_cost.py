@@ -344,3 +344,29 @@ def test_report_plots_robust_accuracy_against_passes(tiny_data_root, tmp_path):
     assert curve.ends[-1][2] == pytest.approx(worst)
     html = render([run_dir], "html", n_resamples=1000)
     assert 'alt="passes plot"' in html
+
+
+def test_bench_only_computes_one_battery_and_the_full_command_reuses_it(tiny_data_root, tmp_path, monkeypatch, capsys):
+    """``bench_adaptive_cost.py --only new`` computes the cheap run alone (beside a process finishing the full run);
+    the command without ``--only`` then resumes that run instead of computing it again, and compares."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_adaptive_cost.py"
+    spec = importlib.util.spec_from_file_location("bench_adaptive_cost", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    common = ["bench", "--defense", "gaussian-noise", "--n", "3", "--budget-scale", "0.02", "--threads", "1",
+              "--out", str(tmp_path / "runs"), "--data-root", str(tiny_data_root), "--device", "cpu", "--quiet"]
+    monkeypatch.setattr(sys, "argv", [*common, "--only", "new"])
+    bench.main()
+    (cheap,) = (tmp_path / "runs").iterdir()
+    assert read_config(cheap / "config.toml").attacks == "adaptive-fast" and "passes per sample" not in capsys.readouterr().out
+    shards = {p: p.stat().st_mtime_ns for p in (cheap / "records").glob("shard-*.parquet")}
+    monkeypatch.setattr(sys, "argv", common)
+    bench.main()
+    runs = sorted(read_config(d / "config.toml").attacks for d in (tmp_path / "runs").iterdir())
+    assert runs == ["adaptive", "adaptive-fast"] and shards and all(p.stat().st_mtime_ns == t for p, t in shards.items())
+    assert "passes per sample: old" in capsys.readouterr().out
