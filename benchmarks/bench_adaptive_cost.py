@@ -29,7 +29,6 @@ check of the machinery, ``--budget-scale 0.02`` scales every iteration, query an
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.api.config import RunConfig, parse_key_values  # noqa: E402
+from benchmarks._run_options import add_run_options, load_text, run_config  # noqa: E402
+
 from harness.api.records import PASS_COLUMNS  # noqa: E402
 from harness.battery.presets import resolve_battery  # noqa: E402
 from harness.run import runner  # noqa: E402
@@ -75,11 +75,8 @@ def scaled(battery: str, factor: float) -> list[dict[str, Any]]:
 
 
 def run_battery(args: argparse.Namespace, battery: str) -> Path:
-    cfg = RunConfig(defense=args.defense, defense_opts=parse_key_values(args.defense_opt, "--defense-opt"),
-                    data_root=args.data_root, n=args.n, seed=args.seed, eps=args.eps, attacks=battery,
-                    battery=scaled(battery, args.budget_scale), eval_repeats=args.eval_repeats, eot=args.eot,
-                    escalate=args.escalate, out=args.out, threads=args.threads, batch_size=args.batch_size,
-                    shard_size=args.shard_size, device=args.device, quiet=args.quiet)
+    cfg = run_config(args, attacks=battery, battery=scaled(battery, args.budget_scale), eot=args.eot,
+                     escalate=args.escalate)
     t0 = time.monotonic()
     run_dir = runner.run(cfg, force_resume=args.force_resume)
     print(f"{battery}: {run_dir} ({time.monotonic() - t0:.0f} s in this session)", file=sys.stderr)
@@ -99,39 +96,22 @@ def summary(run_dir: Path) -> tuple[pd.DataFrame, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--defense", required=True, help="registered defense name, or file.py:factory")
-    p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE", help="a defense option (repeatable)")
+    add_run_options(p)
     p.add_argument("--old", default="adaptive", help="the full battery: preset name or battery file [adaptive]")
     p.add_argument("--new", default="adaptive-fast", help="the cheap schedule [adaptive-fast]")
     p.add_argument("--only", choices=("old", "new"), default=None,
                    help="compute only this battery's run, then exit (e.g. start the cheap run on a core the full\n"
                         "run's last shard leaves idle); the comparison is printed by a run without --only")
-    p.add_argument("--n", type=int, default=16, help="test images, the harness's fixed choice for --seed [16]")
-    p.add_argument("--seed", type=int, default=0, help="run seed: choice of images and attack randomness [0]")
-    p.add_argument("--eps", type=float, default=8 / 255, help="Linf radius [8/255]")
-    p.add_argument("--eval-repeats", type=int, default=None, help="evaluation draws R [10 on a stochastic defense]")
     p.add_argument("--eot", type=int, default=None, help="EOT of every attack of both batteries [their defaults]")
     p.add_argument("--budget-scale", type=float, default=1.0, help="scale iterations, queries and rungs [1]")
     p.add_argument("--escalate", action="store_true", help="let diagnostics add attacks to both runs")
-    p.add_argument("--out", default="runs", help="folder of the two run directories [runs]")
-    p.add_argument("--data-root", default=None, help="CIFAR-10 folder [$HARNESS_DATA, else the user cache folder]")
-    p.add_argument("--threads", type=int, default=None, help="torch threads of this process [torch's default]")
-    p.add_argument("--batch-size", type=int, default=256, help="as harness run --batch-size [256]")
-    p.add_argument("--shard-size", type=int, default=256,
-                   help="samples per shard, the unit two processes share and a restart loses at most [256]")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto [auto]")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
-    p.add_argument("--force-resume", action="store_true",
-                   help="resume runs whose harness code or packages changed since they started (recorded in\n"
-                        "provenance)")
     args = p.parse_args()
     if args.only:
         run_battery(args, args.old if args.only == "old" else args.new)
         return
     (old, old_rule), (new, new_rule) = (summary(run_battery(args, b)) for b in (args.old, args.new))
     print(f"\n== {args.defense} {args.defense_opt or ''}, n = {args.n}, seed {args.seed}, eps {args.eps:.5g}; "
-          f"old = {args.old} (decide_by {old_rule}), new = {args.new} (decide_by {new_rule}); load average "
-          + ", ".join(f"{v:.2f}" for v in os.getloadavg()) + " ==")
+          f"old = {args.old} (decide_by {old_rule}), new = {args.new} (decide_by {new_rule}); {load_text()} ==")
     table = old.add_suffix(" old").join(new.add_suffix(" new"))
     print("\nper sample (worst case per criterion; passes = network passes spent on the sample over every stage):")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))

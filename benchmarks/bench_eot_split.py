@@ -18,7 +18,6 @@ Two processes running the same command at once (``--threads 1`` each) share the 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.api.config import RunConfig, parse_key_values  # noqa: E402
+from benchmarks._run_options import add_run_options, load_text, run_config  # noqa: E402
+
 from harness.api.records import PASS_COLUMNS  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.stats.intervals import headline_interval  # noqa: E402
@@ -48,27 +48,12 @@ def splits(text: str, budget: int) -> list[tuple[int, int]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--defense", required=True)
-    p.add_argument("--defense-opt", action="append", metavar="KEY=VALUE")
+    add_run_options(p)
     p.add_argument("--budget", type=int, default=800, help="gradient draws per image and split [800]")
     p.add_argument("--splits", default="40x20,100x8,200x4,800x1", help="ITERATIONSxDRAWS,... [40x20,100x8,200x4,800x1]")
-    p.add_argument("--adaptive-steps", type=int, default=None, help="also PGD with adaptive EOT and this many steps")
-    p.add_argument("--grad", default="full", choices=("full", "bpda", "surrogate"))
-    p.add_argument("--n", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eps", type=float, default=8 / 255)
-    p.add_argument("--eval-repeats", type=int, default=None, help="[10 on a stochastic defense]")
-    p.add_argument("--out", default="runs")
-    p.add_argument("--data-root", default=None)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--shard-size", type=int, default=256,
-                   help="samples per shard: the unit of resumption and of sharing the work between processes "
-                        "running the same command at once [256]")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--force-resume", action="store_true",
-                   help="resume runs started by another harness commit or package set (recorded in provenance)")
+    p.add_argument("--adaptive-steps", type=int, default=None,
+                   help="also PGD with the adaptive EOT and this many steps [none]")
+    p.add_argument("--grad", default="full", choices=("full", "bpda", "surrogate"), help="gradient mode [full]")
     args = p.parse_args()
     chosen = splits(args.splits, args.budget)
     battery = [{"name": f"pgd-{i}x{e}", "attack": "pgd", "grad": args.grad, "eot": e, "options": {"steps": i}}
@@ -77,19 +62,14 @@ def main() -> None:
         battery.append({"name": f"pgd-{args.adaptive_steps}xadaptive", "attack": "pgd", "grad": args.grad,
                         "eot": max(e for _, e in chosen), "options": {"steps": args.adaptive_steps,
                                                                        "eot_adaptive": True}})
-    cfg = RunConfig(defense=args.defense, defense_opts=parse_key_values(args.defense_opt, "--defense-opt"),
-                    data_root=args.data_root, n=args.n, seed=args.seed, eps=args.eps, attacks="pgd",
-                    battery=battery, every_attack=True, escalate=False, eval_repeats=args.eval_repeats,
-                    out=args.out, threads=args.threads, batch_size=args.batch_size, shard_size=args.shard_size,
-                    device=args.device, quiet=args.quiet)
+    cfg = run_config(args, attacks="pgd", battery=battery, every_attack=True, escalate=False)
     t0 = time.monotonic()
     run_dir = runner.run(cfg, force_resume=args.force_resume)
     recs = load_records(run_dir)
     cases = {c: worst_case(recs, c) for c in CRITERIA}
     print(f"\n== {args.defense} {args.defense_opt or ''}: n = {args.n}, seed {args.seed}, eps {args.eps:.5g}, "
           f"{args.grad} gradients, {args.budget} gradient draws per image per split; {run_dir} "
-          f"({time.monotonic() - t0:.0f} s in this session; load average "
-          + ", ".join(f"{v:.2f}" for v in os.getloadavg()) + ") ==")
+          f"({time.monotonic() - t0:.0f} s in this session; {load_text()}) ==")
     print("\n| split (iterations x draws) | all draws, 95% interval | majority | mean over draws | passes per image "
           "| seconds per image |\n|---|---|---|---|---|---|")
     for entry in battery:
