@@ -28,26 +28,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._run_options import load_text  # noqa: E402
+
 import harness.defenses  # noqa: E402,F401  (registers at-small)
-from harness import runner  # noqa: E402
 from harness.api.config import RunConfig  # noqa: E402
 from harness.api.defense import create_defense  # noqa: E402
 from harness.api.evaluation import evaluate  # noqa: E402
+from harness.run import runner  # noqa: E402
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import load_test_set  # noqa: E402
 from harness.stats.scoring import worst_case  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 
 
-def _load() -> str:
-    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def _report(name: str, t_h: float, t_l: float, rob_h: np.ndarray, rob_l: np.ndarray, idx: list[int], notes: list[str],
             labels: tuple[str, str] = ("harness", "library")) -> None:
     a, b = labels
     agree = float(np.mean(rob_h == rob_l))
-    print(f"\n== {name} ==\n{a} {t_h:.1f} s, {b} {t_l:.1f} s, ratio {t_h / t_l:.3f} ({_load()})")
+    print(f"\n== {name} ==\n{a} {t_h:.1f} s, {b} {t_l:.1f} s, ratio {t_h / t_l:.3f} ({load_text()})")
     print(f"robust: {a} {int(rob_h.sum())}/{len(rob_h)}, {b} {int(rob_l.sum())}/{len(rob_l)}; "
           f"per-sample agreement {100 * agree:.1f}%")
     for i in np.flatnonzero(rob_h != rob_l):
@@ -161,7 +159,7 @@ def main() -> None:
     data = load_test_set("cifar10", args.data_root)
     idx = select_indices(len(data), args.n, args.seed)
     x, y = data.get(idx)
-    print(f"{args.defense}, n = {len(idx)} (seed {args.seed}), {args.threads} threads, {_load()}")
+    print(f"{args.defense}, n = {len(idx)} (seed {args.seed}), {args.threads} threads, {load_text()}")
     if args.only in (None, "battery"):
         battery(args, x, y, idx)
     if args.only in (None, "eot"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import grimp
@@ -92,3 +93,17 @@ def test_the_public_names_resolve_lazily_and_import_harness_alone_imports_no_tor
     code = "import sys, harness, harness.stats.intervals, harness.stats.paired; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"
+
+
+def test_every_benchmark_script_imports():
+    """A benchmark is run by hand, rarely: a moved module must not leave one broken until someone needs it.
+    Importing runs each script's imports (its work is behind ``if __name__ == "__main__"``)."""
+    broken = []
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        try:
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        except ImportError as err:
+            broken.append(f"{path.name}: {err}")
+    assert not broken, broken
