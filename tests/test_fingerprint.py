@@ -53,4 +53,6 @@ def test_git_dirty_counts_only_the_code(tmp_path):
     assert fingerprint.git_dirty(dirs) is False
     (tmp_path / "harness/run.py").write_text("A = 2\n")
     assert fingerprint.git_dirty(dirs) is True
-    assert fingerprint.git_dirty([tmp_path.parent / "elsewhere"]) is None  # not a checkout
+    plain = tmp_path.parent / f"{tmp_path.name}-plain"  # a folder outside any checkout
+    plain.mkdir()
+    assert fingerprint.git_dirty([plain]) is None
