@@ -35,6 +35,17 @@ def tiny_defense(purifier: nn.Module | None = None, *, stochastic: bool = False,
     return Defense(TinyCNN(num_classes).eval(), purifier, num_classes=num_classes, stochastic=stochastic, name=name)
 
 
+def load_benchmark(path: Path):
+    """A benchmark script (``benchmarks/NAME.py``) as a module: its imports run, its ``main`` does not."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def interrupt_at_shard(monkeypatch: pytest.MonkeyPatch, shard: int = 1):
     """Make the runner raise KeyboardInterrupt when it reaches ``shard`` (a run killed part-way); returns the
     real stage function, to put back for the resume."""

@@ -349,15 +349,12 @@ def test_report_plots_robust_accuracy_against_passes(tiny_data_root, tmp_path):
 def test_bench_only_computes_one_battery_and_the_full_command_reuses_it(tiny_data_root, tmp_path, monkeypatch, capsys):
     """``bench_adaptive_cost.py --only new`` computes the cheap run alone (beside a process finishing the full run);
     the command without ``--only`` then resumes that run instead of computing it again, and compares."""
-    import importlib.util
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_adaptive_cost.py"
-    spec = importlib.util.spec_from_file_location("bench_adaptive_cost", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from conftest import load_benchmark
+
+    bench = load_benchmark(Path(__file__).resolve().parent.parent / "benchmarks" / "bench_adaptive_cost.py")
     common = ["bench", "--defense", "gaussian-noise", "--n", "3", "--budget-scale", "0.02", "--threads", "1",
               "--out", str(tmp_path / "runs"), "--data-root", str(tiny_data_root), "--device", "cpu", "--quiet"]
     monkeypatch.setattr(sys, "argv", [*common, "--only", "new"])

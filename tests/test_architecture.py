@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import importlib.util
 from pathlib import Path
 
 import grimp
@@ -98,12 +97,12 @@ def test_the_public_names_resolve_lazily_and_import_harness_alone_imports_no_tor
 def test_every_benchmark_script_imports():
     """A benchmark is run by hand, rarely: a moved module must not leave one broken until someone needs it.
     Importing runs each script's imports (its work is behind ``if __name__ == "__main__"``)."""
+    from conftest import load_benchmark
+
     broken = []
     for path in sorted((REPO / "benchmarks").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
         try:
-            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            load_benchmark(path)
         except ImportError as err:
             broken.append(f"{path.name}: {err}")
     assert not broken, broken

@@ -145,12 +145,9 @@ def test_no_jpeg_sample_is_robust_where_the_independent_ground_truth_broke_it(na
 
 
 def _cross_threat_pair():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("cross_threat_pair", ROOT / "benchmarks" / "cross_threat_pair.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from conftest import load_benchmark
+
+    return load_benchmark(ROOT / "benchmarks" / "cross_threat_pair.py")
 
 
 def test_cross_threat_pair_gives_harness_compares_figures_and_refuses_another_defense(capsys, tmp_path):
