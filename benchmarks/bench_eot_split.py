@@ -6,7 +6,9 @@ one PGD per split on the same images of a stochastic defense through ``harness r
 attacks every image; each split's EOT is its battery entry's ``eot``; records, passes and the verdict as in any run),
 optionally a PGD with the adaptive EOT (``--adaptive-steps``: that many iterations, draws between 2 and the largest
 E of the splits), and prints per split the robust accuracy under each criterion (each attack alone, with its 95%
-interval under ``all``), the passes per image and the attack's seconds per image.
+interval under ``all``), the passes per image and the attack's seconds per image; then each split's per-draw
+accuracy against the first split's, paired on the same images (``compare_paired_scores``, as ``harness compare``
+does for fractional scores), because under ``all`` the splits often tie.
 
 Two processes running the same command at once (``--threads 1`` each) share the shards of each run between them
 (the harness's per-shard locks); ``--force-resume`` continues runs another harness commit started (recorded).
@@ -31,6 +33,7 @@ from benchmarks._run_options import add_run_options, load_text, run_config  # no
 from harness.api.records import PASS_COLUMNS  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.stats.intervals import headline_interval  # noqa: E402
+from harness.stats.paired import compare_paired_scores  # noqa: E402
 from harness.stats.scoring import CRITERIA, worst_case  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 
@@ -82,6 +85,16 @@ def main() -> None:
               f"{acc['majority']:.1f}% | {acc['mean']:.1f}% | {passes:,.0f} | {rows.time_s.mean():.2f} |")
     print("\nEach column scores the split's attack alone on every image (0 where a draw's logits were non-finite);"
           " lower is a stronger attack.")
+    first = battery[0]["name"]
+    print(f"\nPer-draw accuracy (mean over draws) against {first[4:]}, paired on the same images:\n\n"
+          "| split | difference, 95% interval | interval | higher / lower | sign-flip p |\n|---|---|---|---|---|")
+    mean_alone = cases["mean"].alone
+    base = mean_alone[:, cases["mean"].names.index(first)]
+    for entry in battery[1:]:
+        c = compare_paired_scores(mean_alone[:, cases["mean"].names.index(entry["name"])], base, seed=args.seed)
+        d = c.difference
+        print(f"| {entry['name'][4:]} | {100 * d.estimate:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] | "
+              f"{d.method} | {c.a_only} / {c.b_only} | {c.p_value:.3f} |")
 
 
 if __name__ == "__main__":
