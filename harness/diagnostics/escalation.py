@@ -2,8 +2,8 @@
 
 Each rule maps a flag code (and the stage that raised it) to battery entries (plain dicts in
 the ``[[attacks]]`` schema of ``harness.battery.presets.AttackSpec``: ``name``, ``attack``, ``options``,
-``grad``, ``eot``). The runner adds them, deduplicated by name, after the configured battery and
-runs them on the samples still robust. Rules are pure functions of the flag and the stage's
+``grad``, ``eot``). The runner adds them after the configured battery (``harness.diagnostics.merge``:
+one per attack, at the most EOT draws requested) and runs them on the samples still robust. Rules are pure functions of the flag and the stage's
 configuration, so a resumed run escalates exactly like an uninterrupted one. An escalation sets
 the gradient mode and EOT it needs as per-attack options (``options.grad`` / ``options.eot``), which
 outrank the run's ``--grad``/``--eot`` (``harness.battery.resolve``): it exists to fix a specific failure.

@@ -3,6 +3,7 @@ and the run-level flags merged from all shards (what ``diagnostics.json`` and th
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Iterator, Mapping, Sequence
 
 from harness.battery.spec import AttackSpec
@@ -16,25 +17,44 @@ def _all_flags(store: RunStore, n_shards: int, preflight: Sequence[dict[str, Any
         yield from store.read_side(s).get("diagnostics", [])
 
 
+def _variant(spec: Mapping[str, Any]) -> str:
+    """What an escalation is apart from its EOT draws: escalations equal in this are one attack at different draws."""
+    options = {k: v for k, v in spec.get("options", {}).items() if k != "eot"}
+    return json.dumps([spec["attack"], spec.get("grad"), spec.get("eot"), options], sort_keys=True, default=str)
+
+
+def _draws(spec: Mapping[str, Any]) -> int:
+    return int(spec.get("options", {}).get("eot") or 0)
+
+
 def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
                         preflight: Sequence[dict[str, Any]] = (),
                         attack_opts: Mapping[str, Any] | None = None) -> list[AttackSpec]:
     """Escalation attacks requested by the first-batch findings and the stored flags of all shards, deduplicated by
-    name in that order; ``attack_opts`` keys ``esc-NAME.KEY`` set options of the escalation ``esc-NAME``."""
+    name in that order; ``attack_opts`` keys ``esc-NAME.KEY`` set options of the escalation ``esc-NAME``.
+
+    Requests for one attack that differ only in EOT draws (``eot-disagree`` on several shards asks each for the draws
+    its own gradient cosine needs) become one escalation with the most draws, at the place of the first: every shard's
+    still-robust samples get the escalations, so the largest request serves all of them, and running the smaller ones
+    as well would only repeat the attack with fewer draws."""
     taken = {b.name for b in base}
-    out: list[AttackSpec] = []
+    chosen: dict[str, dict[str, Any]] = {}  # variant -> the request kept, in first-request order
     for flag in _all_flags(store, n_shards, preflight):
         if flag.get("stage", 0) > len(base):
             continue  # flags raised by escalation stages do not escalate again (no loops)
         for spec in flag.get("escalate", []):
-            if spec["name"] not in taken:
+            key = _variant(spec)
+            if spec["name"] in taken and key not in chosen:
+                continue  # the configured battery already runs it
+            if key not in chosen or _draws(spec) > _draws(chosen[key]):
+                chosen[key] = spec
                 taken.add(spec["name"])
-                out.append(AttackSpec.from_dict(spec))
+    out = [AttackSpec.from_dict(spec) for spec in chosen.values()]
     for key, value in (attack_opts or {}).items():
         target, _, opt = key.rpartition(".")
-        for spec in out:
-            if spec.name == target:
-                spec.options[opt] = value
+        for s in out:
+            if s.name == target:
+                s.options[opt] = value
     return out
 
 
@@ -42,12 +62,12 @@ def run_flags(store: RunStore, n_shards: int, escalations: list[dict[str, Any]],
               preflight: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Run-level flags: the first-batch findings and, per (code, attack), the shard flags merged, with
     ``escalated`` set when acted upon."""
-    added = {e["name"] for e in escalations}
+    added = {_variant(e): e["name"] for e in escalations}  # a request is acted upon by the escalation of its variant
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for flag in _all_flags(store, n_shards, preflight):
         s = int(flag.get("shard") or 0)
         key = (flag.get("code", ""), flag.get("attack", ""))
-        esc = [e["name"] for e in flag.get("escalate", []) if e["name"] in added]
+        esc = [added[_variant(e)] for e in flag.get("escalate", []) if _variant(e) in added]
         if key not in merged:
             merged[key] = {"code": key[0], "attack": key[1], "message": flag.get("message", ""),
                            "remedy": flag.get("remedy", ""), "value": flag.get("value"), "shards": [],

@@ -3,8 +3,9 @@
 Phases (:mod:`harness.run.phases`) keep the run deterministic: (A) every shard runs the configured battery
 (but its probed entries) and stores the diagnostic flags raised after each stage; each probed entry then runs
 its probe over the run and, if that broke a sample, its extension (:mod:`harness.run.probe`); (B) the escalation
-attacks requested by the flags (deduplicated by name, in shard and stage order) are recorded in the resolved
-config and run as extra stages on every shard's still-robust samples. Because flags and probes depend only on
+attacks requested by the flags (one per attack, at the most EOT draws requested, in shard and stage order;
+:func:`harness.diagnostics.merge.collect_escalations`) are recorded in the resolved config and run as extra
+stages on every shard's still-robust samples. Because flags and probes depend only on
 the stored records' seeds, a resumed run goes on exactly like an uninterrupted one.
 """
 from __future__ import annotations
