@@ -56,6 +56,36 @@ class RunData:
         return self.completeness is not None and not self.completeness.complete
 
 
+def with_pending_rows(records: pd.DataFrame) -> pd.DataFrame:
+    """Records of an incomplete run with a row for every stage a sample has not reached yet (its shard is still
+    running it): not attempted, not skipped, so the report scores it as the cascade's untried samples, an upper
+    bound (``≤``), instead of as a missing row, which scoring counts as broken."""
+    keys = ["seed", "index"] if "seed" in records.columns else ["index"]
+    stage_names = records[["stage", "attack"]].drop_duplicates("stage")
+    samples = records[records["stage"] == 0]
+    grid = samples.drop(columns=["stage", "attack"]).merge(stage_names, how="cross")
+    have = pd.MultiIndex.from_frame(records[[*keys, "stage"]])
+    pending = grid[~pd.MultiIndex.from_frame(grid[[*keys, "stage"]]).isin(have)].copy()
+    if pending.empty:
+        return records
+    pending["attempted"] = False
+    pending["preds"] = [[] for _ in range(len(pending))]
+    for column in ("correct_all", "correct_majority", "success"):
+        if column in pending.columns:
+            pending[column] = False
+    for column in ("correct_frac", "time_s", "classifier_forward", "classifier_backward", "purifier_forward",
+                   "purifier_backward"):
+        if column in pending.columns:
+            pending[column] = 0.0
+    for column in ("loss", "margin", "linf", "l2"):
+        if column in pending.columns:
+            pending[column] = float("nan")
+    if "skipped" in pending.columns:
+        pending["skipped"] = ""
+    return pd.concat([records, pending[records.columns]], ignore_index=True).sort_values(
+        [*keys, "stage"], kind="stable", ignore_index=True)
+
+
 def load_run(run_dir: str | Path, *, partial: bool = False) -> RunData:
     """Load records, config, diagnostics and per-shard side data of one run.
 
@@ -68,6 +98,8 @@ def load_run(run_dir: str | Path, *, partial: bool = False) -> RunData:
     if missing:
         raise ValueError(f"{path}: records lack columns {missing}; expected the long record format of docs/results-format.md "
                          f"(columns present: {sorted(records.columns)})")
+    if not state.complete:
+        records = with_pending_rows(records)
     cfg = store.load_config(path)
     diagnostics = list(store.load_diagnostics(path))
     traces: dict[str, list[tuple[list[float], int, int]]] = {}

@@ -397,3 +397,23 @@ def test_progress_lines_without_a_terminal(tiny_data_root, tmp_path, capsys):
     assert "shard 1/3, pgd-ce:" in lines[0] and "attempted" in lines[0]
     assert all("elapsed" in line and "left" in line for line in lines)
     assert "100% of" in lines[-1] and "about 0s left" in lines[-1]
+
+
+def test_partial_report_counts_a_stage_not_yet_run_as_untried_not_as_broken(tiny_data_root, tmp_path):
+    from harness.reports.load import load_run
+    from harness.stats.scoring import worst_case
+
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, eps=0.002), defense=_tiny())
+    complete = worst_case(load_run(run_dir).records, "all")
+    assert complete.worst.sum() > 0  # some samples survive both stages, or the test could not fail
+    path = run_dir / "records" / "shard-00001.parquet"
+    shard = pd.read_parquet(path)
+    shard[shard.stage < 2].to_parquet(path)  # shard 1 as while its last stage is still running
+    data = load_run(run_dir, partial=True)
+    assert data.partial
+    scores = worst_case(data.records, "all")
+    assert np.array_equal(scores.index, complete.index)
+    in_shard = np.isin(scores.index, shard["index"].unique())
+    assert np.array_equal(scores.worst[in_shard], complete.cumulative[in_shard, 1])  # their score so far
+    assert np.array_equal(scores.worst[~in_shard], complete.worst[~in_shard])
+    assert scores.worst_is_upper_bound  # labelled ≤ until the stage has run
