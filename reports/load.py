@@ -56,32 +56,31 @@ class RunData:
         return self.completeness is not None and not self.completeness.complete
 
 
+SAMPLE_COLUMNS = ("seed", "index", "label", "shard")  # what a record says about its sample, not its stage
+UNTRIED = {"attempted": False, "correct_all": False, "correct_majority": False, "success": False, "correct_frac": 0.0,
+           "time_s": 0.0, "classifier_forward": 0.0, "classifier_backward": 0.0, "purifier_forward": 0.0,
+           "purifier_backward": 0.0, "loss": float("nan"), "margin": float("nan"), "linf": float("nan"),
+           "l2": float("nan"), "skipped": ""}  # as the cascade stores a sample it did not attack
+
+
 def with_pending_rows(records: pd.DataFrame) -> pd.DataFrame:
     """Records of an incomplete run with a row for every stage a sample has not reached yet (its shard is still
     running it): not attempted, not skipped, so the report scores it as the cascade's untried samples, an upper
-    bound (``≤``), instead of as a missing row, which scoring counts as broken."""
-    keys = ["seed", "index"] if "seed" in records.columns else ["index"]
-    stage_names = records[["stage", "attack"]].drop_duplicates("stage")
-    samples = records[records["stage"] == 0]
-    grid = samples.drop(columns=["stage", "attack"]).merge(stage_names, how="cross")
+    bound (``≤``), instead of as a missing row, which scoring counts as broken. The stage's settings (attack,
+    budget, threat) come from a stored row of that stage."""
+    sample_cols = [c for c in SAMPLE_COLUMNS if c in records.columns]
+    keys = [c for c in ("seed", "index") if c in records.columns]
+    stage_rows = records.drop_duplicates("stage").drop(columns=sample_cols)
+    grid = records.loc[records["stage"] == 0, sample_cols].merge(stage_rows, how="cross")
     have = pd.MultiIndex.from_frame(records[[*keys, "stage"]])
     pending = grid[~pd.MultiIndex.from_frame(grid[[*keys, "stage"]]).isin(have)].copy()
     if pending.empty:
         return records
-    pending["attempted"] = False
-    pending["preds"] = [[] for _ in range(len(pending))]
-    for column in ("correct_all", "correct_majority", "success"):
+    for column, value in UNTRIED.items():
         if column in pending.columns:
-            pending[column] = False
-    for column in ("correct_frac", "time_s", "classifier_forward", "classifier_backward", "purifier_forward",
-                   "purifier_backward"):
-        if column in pending.columns:
-            pending[column] = 0.0
-    for column in ("loss", "margin", "linf", "l2"):
-        if column in pending.columns:
-            pending[column] = float("nan")
-    if "skipped" in pending.columns:
-        pending["skipped"] = ""
+            pending[column] = value
+    if "preds" in pending.columns:
+        pending["preds"] = [[] for _ in range(len(pending))]
     return pd.concat([records, pending[records.columns]], ignore_index=True).sort_values(
         [*keys, "stage"], kind="stable", ignore_index=True)
 
