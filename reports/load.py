@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.api.records import not_attempted
 from harness.store import rundir as store
 from harness.store.status import Completeness, require_complete
 
@@ -57,10 +58,6 @@ class RunData:
 
 
 SAMPLE_COLUMNS = ("seed", "index", "label", "shard")  # what a record says about its sample, not its stage
-UNTRIED = {"attempted": False, "correct_all": False, "correct_majority": False, "success": False, "correct_frac": 0.0,
-           "time_s": 0.0, "classifier_forward": 0.0, "classifier_backward": 0.0, "purifier_forward": 0.0,
-           "purifier_backward": 0.0, "loss": float("nan"), "margin": float("nan"), "linf": float("nan"),
-           "l2": float("nan"), "skipped": ""}  # as the cascade stores a sample it did not attack
 
 
 def with_pending_rows(records: pd.DataFrame) -> pd.DataFrame:
@@ -76,11 +73,11 @@ def with_pending_rows(records: pd.DataFrame) -> pd.DataFrame:
     pending = grid[~pd.MultiIndex.from_frame(grid[[*keys, "stage"]]).isin(have)].copy()
     if pending.empty:
         return records
-    for column, value in UNTRIED.items():
+    for column, values in not_attempted(len(pending)).items():  # as the cascade stores a sample it did not attack
         if column in pending.columns:
-            pending[column] = value
-    if "preds" in pending.columns:
-        pending["preds"] = [[] for _ in range(len(pending))]
+            pending[column] = values
+    if "skipped" in pending.columns:
+        pending["skipped"] = ""
     return pd.concat([records, pending[records.columns]], ignore_index=True).sort_values(
         [*keys, "stage"], kind="stable", ignore_index=True)
 
