@@ -22,11 +22,14 @@ outrank the run's ``--grad``/``--eot`` (``harness.battery.resolve``): it exists 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.api.attack import ATTACKS, Attack
 from harness.api.flags import GRADIENT_FLAGS, FlagCode
 from harness.battery.presets import ESCALATION_PREFIX
+
+if TYPE_CHECKING:
+    from harness.battery.spec import AttackSpec
 
 # flags that only attacks needing no gradients of the defense can answer
 QUERY_FLAGS = frozenset({FlagCode.NOISE_BEATS_ATTACK, FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT,
@@ -48,11 +51,11 @@ def _spec(name: str, attack: str, options: dict[str, Any] | None = None, grad: s
     return out
 
 
-def _same_schedule(spec: Any, options: dict[str, Any], factor: int = 1) -> tuple[dict[str, Any], list[int]]:
+def _same_schedule(spec: AttackSpec, options: dict[str, Any], factor: int = 1) -> tuple[dict[str, Any], list[int]]:
     """``options`` without the schedule keys, and the flagged entry's rungs times ``factor``: a repeat of a stage in
     rungs runs in rungs too (its samples stop once decided, and a cut stage resumes from its last rung instead of
     restarting), scaled with its iterations. A probe is not kept: escalations run on every sample still robust."""
-    rungs = getattr(spec, "options", {}).get("rungs", getattr(spec, "rungs", None)) or []
+    rungs, _ = spec.schedule(spec.name)
     return ({k: v for k, v in options.items() if k not in ("rungs", "probe")},
             [int(r) * factor for r in rungs])
 
@@ -81,7 +84,7 @@ def margin_loss(grad: str | None = None) -> list[dict[str, Any]]:
     return [_spec("apgd-dlr", "apgd-dlr", {"grad": grad} if grad else {})]
 
 
-def more_eot(spec: Any, attack: Attack, current: int, cosine: float) -> list[dict[str, Any]]:
+def more_eot(spec: AttackSpec, attack: Attack, current: int, cosine: float) -> list[dict[str, Any]]:
     """The same attack with enough draws that two independent estimates should agree (cosine ≳ 0.8).
 
     With E draws the cosine of two estimates is about s/(1+s), s the per-E signal-to-noise ratio,
@@ -94,7 +97,7 @@ def more_eot(spec: Any, attack: Attack, current: int, cosine: float) -> list[dic
     return [_spec(f"{spec.name}-eot{new}", spec.attack, options, grad=spec.grad, eot=spec.eot, rungs=rungs)]
 
 
-def more_iterations(spec: Any, attack: Attack, factor: int = 4) -> list[dict[str, Any]]:
+def more_iterations(spec: AttackSpec, attack: Attack, factor: int = 4) -> list[dict[str, Any]]:
     """The same attack with ``factor`` times the iterations or queries (its ``effort_option``)."""
     more = attack.more_effort(factor)
     if not more:
