@@ -239,18 +239,16 @@ def test_escalation_specs_build():
 
 
 def test_escalation_drops_specs_that_cannot_build():
-    from types import SimpleNamespace
-
     from harness.attacks import create_attack
+    from harness.battery.spec import AttackSpec
     from harness.diagnostics import escalation
 
     aa = create_attack("autoattack-standard", eps=0.1)  # upstream's iterations are fixed: no effort option
-    spec = SimpleNamespace(name="aa", attack="autoattack-standard", options={}, grad=None, eot=None)
+    spec = AttackSpec("aa", "autoattack-standard")
     assert aa.capabilities.effort_option is None and escalation.more_iterations(spec, aa) == []
     bad = [{"name": "esc-x", "attack": "autoattack-standard", "options": {"steps": 400}}]
     assert escalation.buildable(bad, 0.1, "Linf") == []
-    ok = escalation.more_iterations(SimpleNamespace(name="p", attack="pgd", options={}, grad=None, eot=None),
-                                    create_attack("pgd", steps=10))
+    ok = escalation.more_iterations(AttackSpec("p", "pgd"), create_attack("pgd", steps=10))
     assert escalation.buildable(ok, 0.1, "Linf") == ok and ok[0]["options"]["steps"] == 40
     kept = escalation.buildable(escalation.gradient_free(False, "Linf"), 0.5, "L2")  # RayS is ℓ∞-only
     assert [s["name"] for s in kept] == ["esc-square"]

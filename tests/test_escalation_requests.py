@@ -60,3 +60,56 @@ def test_the_diffpure_run_escalates_each_flagged_attack_once() -> None:
     names = [e.name for e in collect_escalations(RunStore(DIFFPURE_256), 32, base)]
     assert names == ["esc-bpda-eot-eot200", "esc-pgd200-x4", "esc-pgd200-eot200", "esc-apgd-dlr", "esc-square",
                      "esc-rays"]
+
+
+def test_repeats_of_a_stage_in_rungs_keep_its_rungs_scaled_with_their_iterations():
+    from harness.attacks import create_attack
+    from harness.diagnostics import escalation
+    from harness.run.schedule import check_schedule
+
+    pgd = AttackSpec("pgd200", "pgd", {"steps": 200, "eot_adaptive": True}, grad="full", rungs=[25, 50, 100])
+    attack = create_attack("pgd", steps=200)
+    more = escalation.more_iterations(pgd, attack)[0]
+    draws = escalation.more_eot(pgd, attack, 20, 0.5)[0]
+    assert (more["rungs"], more["options"]["steps"]) == ([100, 200, 400], 800)
+    assert (draws["rungs"], draws["options"]["eot"]) == ([25, 50, 100], 80)
+    check_schedule([AttackSpec.from_dict(s) for s in (more, draws)], 8 / 255, "Linf", every_attack=False)
+    square = AttackSpec("square", "square", {"queries": 100}, probe=16)  # escalations run on every survivor
+    repeat = escalation.more_iterations(square, create_attack("square", queries=100))[0]
+    assert "probe" not in repeat and "probe" not in repeat["options"] and "rungs" not in repeat
+
+
+def test_a_cut_escalation_in_rungs_resumes_from_its_last_rung(tiny_data_root, tmp_path, monkeypatch):
+    """A stage in rungs whose accuracy still falls is repeated with 4x the iterations, in 4x its rungs; a run cut
+    in the middle of that repeat continues it from its last rung and writes the records of an uninterrupted run."""
+    import pandas as pd
+    import pytest
+
+    import harness.run.runner as runner
+    from harness.attacks.pgd import PGD
+    from harness.store.rundir import TIMING_COLUMNS, load_records, load_side
+    from test_adaptive_cost import _cfg, _noisy
+
+    battery = [{"name": "pgd", "attack": "pgd", "rungs": [3, 6], "options": {"steps": 12, "step_size": 0.012}}]
+    ref_dir = runner.run(_cfg(tiny_data_root, tmp_path / "a", battery=battery, escalate=True), defense=_noisy())
+    repeats = [side["attacks"]["esc-pgd-x4"] for side in load_side(ref_dir).values()
+               if "esc-pgd-x4" in side["attacks"]]
+    assert repeats and all([r["iterations"] for r in s["rungs"]][:2] == [12, 24] for s in repeats)
+    ref = load_records(ref_dir)
+    real_advance = PGD.advance
+
+    def dies_in_the_repeat(self, target, x, y, state, *, start, until):
+        if start == 24:  # the repeat's third rung (the battery's rungs start at 0, 3 and 6)
+            raise KeyboardInterrupt
+        return real_advance(self, target, x, y, state, start=start, until=until)
+
+    monkeypatch.setattr(PGD, "advance", dies_in_the_repeat)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(_cfg(tiny_data_root, tmp_path / "b", battery=battery, escalate=True), defense=_noisy())
+    run_dir = next((tmp_path / "b").iterdir())
+    assert list((run_dir / "records").glob("*.partial.pt"))
+    monkeypatch.setattr(PGD, "advance", real_advance)
+    resumed = load_records(runner.run(_cfg(tiny_data_root, tmp_path / "b", battery=battery, escalate=True),
+                                      defense=_noisy()))
+    drop = list(TIMING_COLUMNS)
+    pd.testing.assert_frame_equal(resumed.drop(columns=drop), ref.drop(columns=drop))

@@ -30,8 +30,9 @@ def _draws(spec: Mapping[str, Any]) -> int:
 def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
                         preflight: Sequence[dict[str, Any]] = (),
                         attack_opts: Mapping[str, Any] | None = None) -> list[AttackSpec]:
-    """Escalation attacks requested by the first-batch findings and the stored flags of all shards, deduplicated by
-    name in that order; ``attack_opts`` keys ``esc-NAME.KEY`` set options of the escalation ``esc-NAME``.
+    """Escalation attacks requested by the first-batch findings and the stored flags of all shards, in that order,
+    none named as a battery entry or an earlier escalation; ``attack_opts`` keys ``esc-NAME.KEY`` set options of the
+    escalation ``esc-NAME``.
 
     Requests for one attack that differ only in EOT draws (``eot-disagree`` on several shards asks each for the draws
     its own gradient cosine needs) become one escalation with the most draws, at the place of the first: every shard's
