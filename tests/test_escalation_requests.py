@@ -69,14 +69,27 @@ def test_repeats_of_a_stage_in_rungs_keep_its_rungs_scaled_with_their_iterations
 
     pgd = AttackSpec("pgd200", "pgd", {"steps": 200, "eot_adaptive": True}, grad="full", rungs=[25, 50, 100])
     attack = create_attack("pgd", steps=200)
-    more = escalation.more_iterations(pgd, attack)[0]
-    draws = escalation.more_eot(pgd, attack, 20, 0.5)[0]
-    assert (more["rungs"], more["options"]["steps"]) == ([100, 200, 400], 800)
-    assert (draws["rungs"], draws["options"]["eot"]) == ([25, 50, 100], 80)
-    check_schedule([AttackSpec.from_dict(s) for s in (more, draws)], 8 / 255, "Linf", every_attack=False)
-    square = AttackSpec("square", "square", {"queries": 100}, probe=16)  # escalations run on every survivor
-    repeat = escalation.more_iterations(square, create_attack("square", queries=100))[0]
-    assert "probe" not in repeat and "probe" not in repeat["options"] and "rungs" not in repeat
+    square = AttackSpec("square", "square", {"queries": 100, "probe": 4}, probe=16)
+    flags = [{"code": "acc-still-falling", "attack": "pgd200", "shard": 0, "stage": 1,
+              "escalate": escalation.more_iterations(pgd, attack)},
+             {"code": "eot-disagree", "attack": "pgd200", "shard": 0, "stage": 1,
+              "escalate": escalation.more_eot(pgd, attack, 20, 0.5)},
+             {"code": "acc-still-falling", "attack": "square", "shard": 0, "stage": 2,
+              "escalate": escalation.more_iterations(square, create_attack("square", queries=100))}]
+    more, draws, repeat = collect_escalations(_Flags(flags), 1, [pgd, square])  # type: ignore[arg-type]
+    assert (more.rungs, more.options["steps"]) == ([100, 200, 400], 800)
+    assert (draws.rungs, draws.options["eot"]) == ([25, 50, 100], 80)
+    check_schedule([more, draws], 8 / 255, "Linf", every_attack=False)
+    # escalations run on every survivor: a probe, the entry's or an option, is not kept
+    assert repeat.schedule() == ([], None) and repeat.options == {"queries": 400}
+
+
+def test_the_diffpure_run_escalates_in_the_rungs_of_the_flagged_stages():
+    """Its flags were stored before escalations kept rungs: the rule applies when the run collects them."""
+    base = [AttackSpec.from_dict(s) for s in read_config(DIFFPURE_256 / "config.toml").battery]
+    rungs = {e.name: e.rungs for e in collect_escalations(RunStore(DIFFPURE_256), 32, base)}
+    assert rungs == {"esc-bpda-eot-eot200": [25, 50], "esc-pgd200-x4": [100, 200, 400],
+                     "esc-pgd200-eot200": [25, 50, 100], "esc-apgd-dlr": None, "esc-square": None, "esc-rays": None}
 
 
 def test_a_cut_escalation_in_rungs_resumes_from_its_last_rung(tiny_data_root, tmp_path, monkeypatch):

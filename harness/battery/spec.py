@@ -70,6 +70,17 @@ class AttackSpec:
                              "still robust in (0, 1), e.g. 0.25, or a number of them >= 1, e.g. 16")
         return list(rungs), probe
 
+    def effort(self) -> int | None:
+        """The entry's iterations or queries (its attack's ``effort_option``: the entry's own value, else the
+        attack's default); None when the attack has none or cannot be built without the run's ε and norm."""
+        try:
+            attack = self._create()
+        except (ValueError, TypeError):
+            return None
+        opt = attack.capabilities.effort_option
+        value = attack.config().get(opt) if opt else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
     def build(self, eps: float, norm: str) -> Attack:
         """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own. The
         ``grad``/``eot`` options are the resolver's (``harness.battery.resolve``), not the attack's. An option the

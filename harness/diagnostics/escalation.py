@@ -3,9 +3,9 @@
 Each rule maps a flag code (and the stage that raised it) to battery entries (plain dicts in
 the ``[[attacks]]`` schema of ``harness.battery.presets.AttackSpec``: ``name``, ``attack``, ``options``,
 ``grad``, ``eot``). The runner adds them after the configured battery (``harness.diagnostics.merge``:
-one per attack, at the most EOT draws requested) and runs them on the samples still robust. Rules are pure
-functions of the flag and the stage's configuration, so a resumed run escalates exactly like an uninterrupted one.
-A repeat of a stage in rungs (more draws or iterations) keeps its rungs, scaled with the iterations. An escalation sets
+one per attack, at the most EOT draws requested; a repeat of a stage in rungs keeps its rungs) and runs them on the
+samples still robust. Rules are pure functions of the flag and the stage's configuration, so a resumed run escalates
+exactly like an uninterrupted one. An escalation sets
 the gradient mode and EOT it needs as per-attack options (``options.grad`` / ``options.eot``), which
 outrank the run's ``--grad``/``--eot`` (``harness.battery.resolve``): it exists to fix a specific failure.
 
@@ -39,25 +39,14 @@ GRADIENT_EOT, QUERY_EOT = 20, 8  # the least EOT an escalation uses on a stochas
 
 
 def _spec(name: str, attack: str, options: dict[str, Any] | None = None, grad: str | None = None,
-          eot: int | None = None, rungs: list[int] | None = None) -> dict[str, Any]:
-    """A battery entry named ``esc-<name>``; ``grad``/``eot``/``rungs`` keep the flagged entry's own keys (if any)."""
+          eot: int | None = None) -> dict[str, Any]:
+    """A battery entry named ``esc-<name>``; ``grad``/``eot`` keep the flagged entry's own keys (if any)."""
     out: dict[str, Any] = {"name": ESCALATION_PREFIX + name, "attack": attack, "options": dict(options or {})}
     if grad is not None:
         out["grad"] = grad
     if eot is not None:
         out["eot"] = int(eot)
-    if rungs:
-        out["rungs"] = list(rungs)
     return out
-
-
-def _same_schedule(spec: AttackSpec, options: dict[str, Any], factor: int = 1) -> tuple[dict[str, Any], list[int]]:
-    """``options`` without the schedule keys, and the flagged entry's rungs times ``factor``: a repeat of a stage in
-    rungs runs in rungs too (its samples stop once decided, and a cut stage resumes from its last rung instead of
-    restarting), scaled with its iterations. A probe is not kept: escalations run on every sample still robust."""
-    rungs, _ = spec.schedule(spec.name)
-    return ({k: v for k, v in options.items() if k not in ("rungs", "probe")},
-            [int(r) * factor for r in rungs])
 
 
 def _eot(stochastic: bool, current: int, least: int) -> dict[str, Any]:
@@ -93,8 +82,7 @@ def more_eot(spec: AttackSpec, attack: Attack, current: int, cosine: float) -> l
         return []
     c = max(float(cosine), 0.02) if math.isfinite(cosine) else 0.02
     new = int(min(MAX_EOT, max(4 * current, math.ceil(current * 4 * (1 - c) / c))))
-    options, rungs = _same_schedule(spec, {**spec.options, "eot": new})
-    return [_spec(f"{spec.name}-eot{new}", spec.attack, options, grad=spec.grad, eot=spec.eot, rungs=rungs)]
+    return [_spec(f"{spec.name}-eot{new}", spec.attack, {**spec.options, "eot": new}, grad=spec.grad, eot=spec.eot)]
 
 
 def more_iterations(spec: AttackSpec, attack: Attack, factor: int = 4) -> list[dict[str, Any]]:
@@ -102,8 +90,7 @@ def more_iterations(spec: AttackSpec, attack: Attack, factor: int = 4) -> list[d
     more = attack.more_effort(factor)
     if not more:
         return []
-    options, rungs = _same_schedule(spec, {**spec.options, **more}, factor)
-    return [_spec(f"{spec.name}-x{factor}", spec.attack, options, grad=spec.grad, eot=spec.eot, rungs=rungs)]
+    return [_spec(f"{spec.name}-x{factor}", spec.attack, {**spec.options, **more}, grad=spec.grad, eot=spec.eot)]
 
 
 def gradient_free(stochastic: bool, norm: str) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Mapping, Sequence
 
-from harness.battery.spec import AttackSpec
+from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec
 from harness.store.rundir import RunStore
 
 
@@ -37,9 +37,14 @@ def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
     Requests for one attack that differ only in EOT draws (``eot-disagree`` on several shards asks each for the draws
     its own gradient cosine needs) become one escalation with the most draws, at the place of the first: every shard's
     still-robust samples get the escalations, so the largest request serves all of them, and running the smaller ones
-    as well would only repeat the attack with fewer draws."""
-    taken = {b.name for b in base}
+    as well would only repeat the attack with fewer draws.
+
+    An escalation that repeats the battery entry which raised the flag (the same attack with more draws or
+    iterations) runs in that entry's rungs, scaled with its iterations (:func:`in_rungs_of`). This is decided here,
+    not when the flag is stored, so a run whose flags were stored before the rule existed follows it too."""
+    taken, by_name = {b.name for b in base}, {b.name: b for b in base}
     chosen: dict[str, dict[str, Any]] = {}  # variant -> the request kept, in first-request order
+    flagged: dict[str, AttackSpec | None] = {}  # variant -> the battery entry whose flag asked for it
     for flag in _all_flags(store, n_shards, preflight):
         if flag.get("stage", 0) > len(base):
             continue  # flags raised by escalation stages do not escalate again (no loops)
@@ -49,13 +54,30 @@ def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
                 continue  # the configured battery already runs it
             if key not in chosen or _draws(spec) > _draws(chosen[key]):
                 chosen[key] = spec
+                flagged.setdefault(key, by_name.get(str(flag.get("attack"))))
                 taken.add(spec["name"])
-    out = [AttackSpec.from_dict(spec) for spec in chosen.values()]
+    out = [in_rungs_of(AttackSpec.from_dict(spec), flagged[key]) for key, spec in chosen.items()]
     for key, value in (attack_opts or {}).items():
         target, _, opt = key.rpartition(".")
         for s in out:
             if s.name == target:
                 s.options[opt] = value
+    return out
+
+
+def in_rungs_of(escalation: AttackSpec, flagged: AttackSpec | None) -> AttackSpec:
+    """``escalation`` without schedule options of its own, in the rungs of ``flagged`` (the battery entry whose flag
+    asked for it) times the ratio of their iterations when it repeats that entry's attack: its samples stop once
+    decided, and a cut escalation resumes from its last rung instead of restarting. A probe is never kept:
+    escalations run on every sample still robust."""
+    options = {k: v for k, v in escalation.options.items() if k not in SCHEDULE_OPTIONS}
+    out = AttackSpec(escalation.name, escalation.attack, options, grad=escalation.grad, eot=escalation.eot)
+    if flagged is None or flagged.attack != escalation.attack:
+        return out
+    rungs, _ = flagged.schedule(flagged.name)
+    more, less = out.effort(), flagged.effort()
+    if rungs and more and less and more % less == 0:
+        out.rungs = [r * (more // less) for r in rungs]
     return out
 
 
