@@ -45,7 +45,8 @@ JPEG_RUNS = ("jpeg-standard", "jpeg-adaptive")
 SUBSET_RUNS = ([(SHIPPED / n, 1_000) for n in ("a3-small-adaptive", "a3-small-stochastic-eot20", *VIT_RUNS)]
                + [(SHIPPED / n, 256) for n in DIFFPURE_RUNS] + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS]
                + [(SHIPPED / n, 128) for n in JPEG_RUNS] + [(SHIPPED_L2 / n, 100) for n in THREE_WAY_RUNS]
-               + [(ROOT / "results" / "cifar10-corruptions" / n, 1_000) for n in ("at-small", "a3-small", "none")])
+               + [(ROOT / "results" / "cifar10-corruptions" / n, 1_000) for n in ("at-small", "a3-small", "none")]
+               + [(ROOT / "results" / "cifar10-adaptive-cost" / "diffpure-ddpm-cifar10-00fda2af48", 256)])
 
 
 @pytest.mark.parametrize("run_dir,n", SUBSET_RUNS, ids=[d.name for d, _ in SUBSET_RUNS])
