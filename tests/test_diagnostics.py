@@ -254,6 +254,18 @@ def test_escalation_drops_specs_that_cannot_build():
     assert [s["name"] for s in kept] == ["esc-square"]
 
 
+def test_an_attack_and_its_battery_entry_read_the_same_effort():
+    """The escalation rules scale an attack's effort, and the rung rule compares two entries' efforts: one reading."""
+    from harness.attacks import create_attack
+
+    pgd = create_attack("pgd", steps=10)
+    assert pgd.effort() == 10 == AttackSpec("p", "pgd", {"steps": 10}).effort()
+    assert pgd.more_effort(4) == {"steps": 40}
+    aa = create_attack("autoattack-standard", eps=0.1)  # no effort option
+    assert aa.effort() is None and aa.more_effort(4) == {}
+    assert AttackSpec("aa", "autoattack-standard").effort() is None
+
+
 def test_stage_with_nothing_attempted_is_silent():
     x, _ = attack_batch(32)
     _, flags = stage(make("quantize"), PGD_NO_START, before=torch.zeros(len(x), dtype=torch.bool))

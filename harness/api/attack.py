@@ -139,13 +139,16 @@ class Attack(ABC):
         the run's threat model (``harness.run.stage.run_stage`` called on its own) enforces this one."""
         return ThreatModel(self.norm, self.eps, bounds)
 
-    def more_effort(self, factor: int) -> dict[str, Any]:
-        """Options that multiply this attack's iterations or queries by ``factor`` (empty: it has none)."""
+    def effort(self) -> int | None:
+        """This attack's iterations or queries (the value of its ``effort_option``); None when it has none."""
         opt = self.capabilities.effort_option
         value = self.config().get(opt) if opt else None
-        if opt and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return {opt: value * int(factor)}
-        return {}
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    def more_effort(self, factor: int) -> dict[str, Any]:
+        """Options that multiply this attack's iterations or queries by ``factor`` (empty: it has none)."""
+        opt, effort = self.capabilities.effort_option, self.effort()
+        return {opt: effort * int(factor)} if opt and effort is not None else {}
 
     def config(self) -> dict[str, Any]:
         """Plain-data options (for the resolved config)."""

@@ -77,9 +77,7 @@ class AttackSpec:
             attack = self._create()
         except (ValueError, TypeError):
             return None
-        opt = attack.capabilities.effort_option
-        value = attack.config().get(opt) if opt else None
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        return attack.effort()
 
     def build(self, eps: float, norm: str) -> Attack:
         """Instantiate the attack; the run's ``eps``/``norm`` apply unless the spec sets its own. The
