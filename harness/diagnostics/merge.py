@@ -4,6 +4,7 @@ and the run-level flags merged from all shards (what ``diagnostics.json`` and th
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec
@@ -71,7 +72,7 @@ def in_rungs_of(escalation: AttackSpec, flagged: AttackSpec | None) -> AttackSpe
     decided, and a cut escalation resumes from its last rung instead of restarting. A probe is never kept:
     escalations run on every sample still robust."""
     options = {k: v for k, v in escalation.options.items() if k not in SCHEDULE_OPTIONS}
-    out = AttackSpec(escalation.name, escalation.attack, options, grad=escalation.grad, eot=escalation.eot)
+    out = replace(escalation, options=options, rungs=None, probe=None)
     if flagged is None or flagged.attack != escalation.attack:
         return out
     rungs, _ = flagged.schedule(flagged.name)
