@@ -33,6 +33,7 @@ class FlagCode(str, Enum):
     GRAD_CHANGES_OUTPUT = "grad-changes-output"  # preflight: outputs differ with autograd on and off
     DEAD_GRADIENT_MODE = "dead-gradient-mode"  # preflight: a gradient mode gives no usable input gradient
     NO_GRADIENT = "no-gradient"  # preflight: no gradient mode reaches the input; gradient-free attacks only
+    GRADIENT_MISPREDICTS = "gradient-mispredicts"  # preflight: small steps do not change the loss as its gradient says
     MODULE_MODE = "module-mode"  # preflight: modules handed over in training mode, evaluated as --module-mode says
     VERDICT_DISAGREES = "verdict-disagrees"  # a fresh instance answers otherwise than the one the attacks queried
     UPPER_BOUND = "upper-bound"  # reports: a cascade skipped a sample that still had correct draws
@@ -114,6 +115,10 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
     FlagCode.NO_GRADIENT: Explanation(
         "no gradient mode reaches the input: the verdict rests on gradient-free attacks.",
         "give the defense a surrogate gradient, or read the numbers as gradient-free ones."),
+    FlagCode.GRADIENT_MISPREDICTS: Explanation(
+        "small steps along the defense's exact gradient do not change its loss as the gradient predicts: the "
+        "gradient attacks follow a function other than the one they are scored on; gradient-free attacks were added.",
+        "make the forward pass the function its gradient differentiates (no caches, no lookups of earlier answers)."),
     FlagCode.MODULE_MODE: Explanation(
         "modules handed over in training mode were evaluated in training mode (--module-mode train).",
         "make sure that is the model you mean to evaluate."),

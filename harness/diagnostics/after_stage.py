@@ -14,6 +14,8 @@ et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pin
   zero, NaN or inf (cross-entropy only: ``ce-vanishing``), or a loss that did not increase;
 - ``eot-disagree``: two independent EOT gradient estimates have a low cosine similarity;
 - ``identity-jacobian``: the purifier's exact Jacobian is identity-like (``harness.diagnostics.gradcheck``);
+- ``gradient-mispredicts``: at the attack's points on failed samples, small steps along the exact gradient do not
+  change the loss as the gradient predicts (``harness.diagnostics.gradcheck.taylor_agreement``);
 - ``noise-beats-attack``: random noise of the same norm breaks samples the attack failed on (on a stochastic
   defense, significantly more of them than re-evaluating the attack's points does);
 - ``probability-logits``: the outputs look like probabilities, not logits;
@@ -42,7 +44,16 @@ from harness.api.losses import cross_entropy, margin
 from harness.api.target import Target
 from harness.api.threat import ThreatModel, project_ball
 from harness.diagnostics import escalation
-from harness.diagnostics.gradcheck import carries_signal, gradient_health, identity_like, jacobian_alignment
+from harness.diagnostics.gradcheck import (
+    TAYLOR_STEP,
+    carries_signal,
+    gradient_health,
+    identity_like,
+    jacobian_alignment,
+    loss_ignores_gradient,
+    mispredicts_message,
+    taylor_agreement,
+)
 from harness.stats.paired import sign_test_greater
 
 CHECKED_FAILURES = 8  # samples used by the checks that spend extra passes
@@ -278,6 +289,25 @@ def check_identity_jacobian(c: _Evidence) -> Flag | None:
     return None
 
 
+def check_gradient_mispredicts(c: _Evidence) -> Flag | None:
+    """At the attack's points on a few failed samples: does the exact gradient predict the loss's change? Only for
+    gradient attacks in ``full`` mode (BPDA and surrogate gradients differ from the forward pass by design)."""
+    if not c.uses_gradients or c.grad_mode != "full":
+        return None
+    _, y, xa = c.probe()
+    if xa.shape[0] == 0:
+        return None
+    agreement = taylor_agreement(c.target(1), xa, y, step=TAYLOR_STEP * float(c.attack.eps), norm=c.attack.norm,
+                                 seed=int(c.o.seed) & 0x7FFFFFFF)
+    if not loss_ignores_gradient(agreement):
+        return None
+    judged = agreement[~torch.isnan(agreement)]
+    median = float(judged.median())
+    return Flag(FlagCode.GRADIENT_MISPREDICTS, c.name, mispredicts_message(median, judged.numel(),
+                f"samples {c.name} failed on"), "make the forward pass the function its gradient differentiates (no "
+                "caches or lookups of earlier answers); gradient-free attacks were added", median)
+
+
 def _sanity_pgd(t: Target, x: Tensor, y: Tensor, norm: str, eps: float) -> Tensor:
     """PGD-``SANITY_STEPS`` on cross-entropy from ``x`` itself (no random start), step ``eps / 8``; returns
     per sample the first misclassified iterate, else the highest-loss one."""
@@ -406,4 +436,4 @@ def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False
 
 
 CHECKS = (check_ties, check_verdict, check_acc_trace, check_probability_logits, check_nonfinite, check_threat_model, check_gradients, check_loss_flat, check_eot,
-          check_identity_jacobian, check_large_eps, check_blackbox, check_noise)
+          check_identity_jacobian, check_gradient_mispredicts, check_large_eps, check_blackbox, check_noise)

@@ -17,7 +17,7 @@ outrank the run's ``--grad``/``--eot`` (``harness.battery.resolve``): it exists 
 | ce-vanishing, loss-flat, probability-logits | ``apgd-dlr`` (scale-invariant margin loss)                    |
 | eot-disagree          | the same attack with more EOT draws                                        |
 | acc-still-falling     | the same attack with 4x the iterations (or queries)                        |
-| noise-beats-attack, dead-gradient-mode, no-gradient, grad-changes-output (first batch) | ``square`` (and ``rays`` for ℓ∞): gradient-free, with EOT on stochastic defenses |
+| noise-beats-attack, dead-gradient-mode, no-gradient, grad-changes-output, gradient-mispredicts (first batch) | ``square`` (and ``rays`` for ℓ∞): gradient-free, with EOT on stochastic defenses |
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # flags that only attacks needing no gradients of the defense can answer
 QUERY_FLAGS = frozenset({FlagCode.NOISE_BEATS_ATTACK, FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT,
-                         FlagCode.GRAD_CHANGES_OUTPUT})
+                         FlagCode.GRAD_CHANGES_OUTPUT, FlagCode.GRADIENT_MISPREDICTS})
 MAX_EOT = 200
 GRADIENT_EOT, QUERY_EOT = 20, 8  # the least EOT an escalation uses on a stochastic defense
 
@@ -185,7 +185,8 @@ def _rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, gra
 
 
 GRADIENT_CHECKS = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD, FlagCode.CE_VANISHING, FlagCode.LOSS_FLAT,
-                             FlagCode.IDENTITY_JACOBIAN, FlagCode.MASKING_LARGE_EPS})  # raised on gradient attacks only
+                             FlagCode.IDENTITY_JACOBIAN, FlagCode.MASKING_LARGE_EPS,
+                             FlagCode.GRADIENT_MISPREDICTS})  # raised on gradient attacks only
 
 
 def could_fire(code: FlagCode, attack: Attack, *, stage: int, stochastic: bool) -> bool:

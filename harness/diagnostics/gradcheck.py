@@ -100,3 +100,67 @@ def jacobian_alignment(defense: Defense, x: Tensor, *, grad_mode: GradMode = "fu
 def identity_like(alignment: float, threshold: float = IDENTITY_THRESHOLD) -> bool:
     """True when the purifier's Jacobian is identity-like (its exact gradient ignores the purification)."""
     return bool(not math.isnan(alignment) and alignment >= threshold)
+
+
+TAYLOR_STEP = 1 / 8  # the check's step, as a share of the threat model's ε
+TAYLOR_RANDOM_DIRECTIONS = 3  # random sign directions beside the gradient's own
+TAYLOR_AGREEMENT = 0.1  # below this share of the predicted change, the loss did not move as its gradient says
+TAYLOR_MEASURABLE = 1e-4  # predicted changes smaller than this (in margin units) are not judged
+
+
+def _unit_directions(grad: Tensor, norm: str, count: int, seed: int) -> list[Tensor]:
+    """The gradient's steepest-ascent direction and ``count`` random ones, each of unit size in ``norm`` (ℓ∞: sign
+    vectors; otherwise unit ℓ2 vectors)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    if norm == "Linf":
+        return [grad.sign()] + [torch.randint(0, 2, grad.shape, generator=gen).to(grad) * 2 - 1 for _ in range(count)]
+    shape = (-1, *([1] * (grad.dim() - 1)))
+
+    def unit(v: Tensor) -> Tensor:
+        return v / v.flatten(1).norm(dim=1).clamp_min(1e-12).view(shape)
+    return [unit(grad)] + [unit(torch.randn(grad.shape, generator=gen).to(grad)) for _ in range(count)]
+
+
+def taylor_agreement(target: "Target", x: Tensor, y: Tensor, *, step: float, norm: str, seed: int,
+                     directions: int = TAYLOR_RANDOM_DIRECTIONS) -> Tensor:
+    """Per sample: how much of the first-order change its input gradient predicts the margin loss actually makes.
+
+    Steps ``δ`` of size ``step`` in ``norm`` (clipped to the bounds) along the gradient's steepest-ascent direction
+    and ``directions`` random ones; the measured changes ``L(x + δ) − L(x)`` against the predicted
+    ``⟨∇L(x), δ⟩``, as the least-squares slope over the directions (≈ 1 where the gradient describes the loss, ≈ 0
+    where the loss stays put while the gradient says it should move). NaN where every predicted change is below
+    :data:`TAYLOR_MEASURABLE`. Every evaluation runs under the same seed, so a random defense is compared with
+    itself under the same draws (common random numbers)."""
+    from harness.api._seeding import seeded
+    from harness.api.losses import margin
+
+    one = target.with_options(eot=1)
+    with seeded(seed, x.device):
+        loss0, grad, _ = one.value_and_grad(x, y, margin)
+    assert grad is not None
+    lo, hi = target.bounds
+    predicted, measured = [], []
+    for d in _unit_directions(torch.nan_to_num(grad), norm, directions, seed):
+        delta = (x + step * d).clamp(lo, hi) - x
+        with seeded(seed, x.device):
+            moved, _, _ = one.value_and_grad(x + delta, y, margin, with_grad=False)
+        predicted.append((grad * delta).flatten(1).sum(1).double())
+        measured.append((moved - loss0).detach().double())
+    p, m = torch.stack(predicted), torch.stack(measured)
+    slope = (p * m).sum(0) / (p * p).sum(0).clamp_min(1e-300)
+    judged = p.abs().amax(0) >= TAYLOR_MEASURABLE
+    return torch.where(judged & torch.isfinite(slope), slope, torch.full_like(slope, math.nan))
+
+
+def loss_ignores_gradient(agreement: Tensor) -> bool:
+    """True when most judged samples' losses moved less than :data:`TAYLOR_AGREEMENT` of what their gradients
+    predicted (or against them): the gradient does not describe the function the attacks are scored on."""
+    judged = agreement[~torch.isnan(agreement)]
+    return bool(judged.numel() > 0 and (judged < TAYLOR_AGREEMENT).double().mean().item() > 0.5)
+
+
+def mispredicts_message(median: float, judged: int, where: str) -> str:
+    """The ``gradient-mispredicts`` message (first batch and after a stage)."""
+    return (f"steps of ε/{round(1 / TAYLOR_STEP)} along the exact gradient changed the margin loss by a median "
+            f"{median:.2f} of what the gradient predicts on {judged} {where}: the loss stays put while its gradient "
+            "says it moves")

@@ -86,12 +86,16 @@ def run_flags(store: RunStore, n_shards: int, escalations: list[dict[str, Any]],
               preflight: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Run-level flags: the first-batch findings and, per (code, attack), the shard flags merged, with
     ``escalated`` set when acted upon."""
-    added = {_variant(e): e["name"] for e in escalations}  # a request is acted upon by the escalation of its variant
+    # a request is acted upon by the escalation of its variant, or of its name when the user's --attack-opt
+    # esc-NAME.KEY changed the escalation's options after it was requested
+    added = {_variant(e): e["name"] for e in escalations}
+    names = {e["name"] for e in escalations}
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for flag in _all_flags(store, n_shards, preflight):
         s = int(flag.get("shard") or 0)
         key = (flag.get("code", ""), flag.get("attack", ""))
-        esc = [added[_variant(e)] for e in flag.get("escalate", []) if _variant(e) in added]
+        esc = [added.get(_variant(e), e["name"]) for e in flag.get("escalate", [])
+               if _variant(e) in added or e["name"] in names]
         if key not in merged:
             merged[key] = {"code": key[0], "attack": key[1], "message": flag.get("message", ""),
                            "remedy": flag.get("remedy", ""), "value": flag.get("value"), "shards": [],

@@ -15,6 +15,7 @@ Defenses break that, often by accident, and each break changes the numbers witho
 | declared deterministic, but a sample's output depends on the rest of its batch | refused unless batch size 1 |
 | outputs differ with autograd on and off | ``grad-changes-output``; gradient-free attacks added |
 | a tie for the top logit on clean inputs | ``tied-logits`` (a tie is never a correct answer) |
+| small steps along the exact gradient do not change the loss as the gradient predicts | ``gradient-mispredicts``; gradient-free attacks added |
 | each gradient mode offered (full; the surrogate; BPDA with a purifier) gives no usable input gradient | ``dead-gradient-mode``; attacks move to the first live mode (``harness.battery.resolve``); none live: ``no-gradient`` |
 
 Every pass runs inside a forked RNG seeded from the run seed, so nothing leaks and a resumed run repeats the
@@ -41,7 +42,13 @@ from harness.api.target import Target
 from harness.api.threat import check_data_in_bounds, project_ball
 from harness.battery.resolve import GradientProbe
 from harness.diagnostics import escalation
-from harness.diagnostics.gradcheck import carries_signal
+from harness.diagnostics.gradcheck import (
+    TAYLOR_STEP,
+    carries_signal,
+    loss_ignores_gradient,
+    mispredicts_message,
+    taylor_agreement,
+)
 from harness.errors import UsageError
 
 FIRST_BATCH = 16  # samples of the first batch the checks use
@@ -187,6 +194,21 @@ def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
     return output_difference(off, on)
 
 
+def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
+                          blackbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``gradient-mispredicts`` finding when the exact gradient does not predict the loss's change under small
+    steps (:func:`harness.diagnostics.gradcheck.taylor_agreement`); BPDA and surrogate modes, whose gradients differ
+    from the forward pass by design, are not judged."""
+    agreement = taylor_agreement(target, x, y, step=TAYLOR_STEP * eps, norm=norm, seed=seed + 2)
+    if not loss_ignores_gradient(agreement):
+        return []
+    judged = agreement[~torch.isnan(agreement)]
+    share = float(judged.median())
+    return [_finding(FlagCode.GRADIENT_MISPREDICTS, mispredicts_message(share, judged.numel(), "first-batch samples"),
+                     "make the forward pass the function its gradient differentiates (no caches or lookups of "
+                     "earlier answers); gradient-free attacks were added", share, blackbox)]
+
+
 def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
                     fresh: Callable[[], Defense] | None = None) -> GradientProbe:
     """Each offered gradient mode, at the clean inputs and at random points of their threat-model ball: live
@@ -281,6 +303,9 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float,
         findings.append(_finding(FlagCode.DEAD_GRADIENT_MODE, f"{modes}-mode gradients do not reach the input "
                                  f"({probe.dead[0][1]}); {instead}", "nothing to do: the harness moved the attacks "
                                  "and added gradient-free ones", float(len(probe.dead)), blackbox))
+    if gradients and "full" in probe.live:
+        findings += _gradient_mispredicts(Target(defense, "full", fresh=instance), x, y, seed=seed,  # type: ignore[arg-type]
+                                          eps=eps, norm=norm, blackbox=blackbox)
     if not probe.live:
         findings.append(_finding(FlagCode.NO_GRADIENT, f"no gradient mode ({', '.join(offered)}) reaches the input: "
                                  "gradient attacks are not started; only gradient-free attacks run",
