@@ -22,6 +22,7 @@ from harness.api.losses import margin as margin_loss
 from harness.api.target import Target
 
 SCHEDULES = ("constant", "cosine", "step")
+KEEP = ("best", "last")
 
 
 @register_attack("pgd")
@@ -38,6 +39,9 @@ class PGD(Attack, Continuable):
         eot_adaptive: vary each sample's EOT draws per gradient between ``eot_min`` and the resolved EOT with the
             agreement of the two halves of its last estimate (:func:`harness.api.eot.next_draws`, threshold
             ``eot_cosine``); it starts at ``eot_min``. Off: every gradient takes the resolved EOT.
+        keep: which point it answers: ``best`` (the most adversarial iterate by the defense's own answers:
+            misclassified first, then highest loss) or ``last`` (the final iterate, whatever the defense answered
+            on the way: for a defense whose answers the attack cannot trust, the verdict judges the point).
     """
 
     name = "pgd"
@@ -46,7 +50,7 @@ class PGD(Attack, Continuable):
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 10, restarts: int = 1,
                  step_size: float | None = None, schedule: str = "constant", loss: str = "ce",
                  random_start: bool = True, eot_adaptive: bool = False, eot_min: int = 2,
-                 eot_cosine: float = 0.5) -> None:
+                 eot_cosine: float = 0.5, keep: str = "best") -> None:
         super().__init__(eps=eps, norm=norm)
         if norm == "L1":
             raise ValueError("PGD supports norm 'Linf' or 'L2'; use an AutoAttack APGD-L1 attack for ℓ1")
@@ -57,7 +61,10 @@ class PGD(Attack, Continuable):
         if isinstance(eot_min, bool) or not isinstance(eot_min, int) or eot_min < 2 or not 0 < eot_cosine < 1:
             raise ValueError(f"eot_min must be an integer >= 2 and eot_cosine in (0, 1), got eot_min={eot_min!r}, "
                              f"eot_cosine={eot_cosine!r}")
+        if keep not in KEEP:
+            raise ValueError(f"unknown keep {keep!r}; accepted: {', '.join(KEEP)}")
         get_loss(loss)  # validate early
+        self.keep = keep
         self.steps, self.restarts, self.schedule, self.loss = int(steps), int(restarts), schedule, loss
         self.step_size = float(step_size) if step_size is not None else 2.5 * self.eps / max(self.steps, 1)
         self.random_start = bool(random_start)
@@ -191,5 +198,6 @@ class PGD(Attack, Continuable):
         if self.eot_adaptive:  # mean draws per gradient, per sample
             extras["eot_draws"] = (state["draws_used"] / state["gradients"].clamp_min(1)).float()
         best_margin = state["best_margin"]
-        return AttackResult(x_adv=state["best_x"], success=best_margin >= 0, loss=state["best_loss"],
+        answer = state["iterate"] if self.keep == "last" else state["best_x"]
+        return AttackResult(x_adv=answer, success=best_margin >= 0, loss=state["best_loss"],
                             margin=best_margin, extras=extras)

@@ -215,7 +215,7 @@ class ProcessMemory(nn.Module):
         out = self.net(x)
         rows = []
         for i in range(x.shape[0]):
-            hit = next((lg for s, lg in PROCESS_MEMORY if (s - x[i].detach()).abs().max() <= self.radius), None)
+            hit = next((lg for s, lg in PROCESS_MEMORY if (s - x[i].detach()).abs().max() <= self.radius + 1e-6), None)
             if hit is None:
                 PROCESS_MEMORY.append((x[i].detach().clone(), out[i].detach().clone()))
                 rows.append(out[i])

@@ -49,7 +49,7 @@ def test_a_defense_that_answers_remembered_logits_with_real_gradients_is_flagged
     assert FlagCode.GRADIENT_MISPREDICTS.value in codes, sorted(codes)
     finding = codes[FlagCode.GRADIENT_MISPREDICTS.value]
     assert finding["value"] < 0.1  # the median share of the predicted change the loss made
-    assert {s["attack"] for s in finding["escalate"]} >= {"square"}  # gradient-free attacks added
+    assert {s["attack"] for s in finding["escalate"]} >= {"pgd", "square"}  # last-iterate PGD, gradient-free attacks
 
 
 def test_the_same_network_without_the_memory_is_not_flagged(at_small, batch):
@@ -91,7 +91,8 @@ def test_a_run_on_the_process_memory_defense_flags_the_first_batch_and_the_stage
     defense, _ = make_function_zoo("process-memory", at_small, radius=EPS)
     cfg = RunConfig(defense="zoo", data_root=str(cifar_root), out=str(tmp_path), n=16, seed=0, eps=EPS,
                     shard_size=16, batch_size=16, device="cpu", quiet=True, attacks="apgd-ce",
-                    attack_opts={"apgd-ce.steps": 10, "esc-square.queries": 50, "esc-rays.queries": 50})
+                    attack_opts={"apgd-ce.steps": 10, "esc-pgd-last.steps": 10, "esc-square.queries": 50,
+                                 "esc-rays.queries": 50})
     try:
         run_dir = runner.run(cfg, defense=defense)
     finally:
@@ -99,3 +100,26 @@ def test_a_run_on_the_process_memory_defense_flags_the_first_batch_and_the_stage
     flags = [f for f in load_diagnostics(run_dir) if f["code"] == FlagCode.GRADIENT_MISPREDICTS.value]
     assert {f["attack"] for f in flags} >= {"preflight", "apgd-ce"}, flags
     assert any(name.startswith("esc-square") for f in flags for name in f.get("escalated", [])), flags
+
+
+def test_pgd_keeping_its_last_iterate_is_not_steered_by_remembered_answers(at_small, batch):
+    """Against answers that never move (the clean images were seen first, as in a run), PGD's usual choice (the
+    iterate the defense's answers rank best) is its random start; ``keep="last"`` answers the final iterate, which
+    the real network misclassifies."""
+    from harness.api.attack import ATTACKS
+
+    x, y = batch
+    defense, _ = make_function_zoo("process-memory", at_small, radius=EPS)
+    broken = {}
+    for keep in ("best", "last"):
+        PROCESS_MEMORY.clear()
+        with torch.no_grad():
+            defense(x)  # the clean stage
+        attack = ATTACKS.create("pgd", eps=EPS, steps=20, loss="margin", keep=keep)
+        result = attack.run(Target(defense, "full"), x, y, seed=0)
+        with torch.no_grad():
+            broken[keep] = int((at_small(result.x_adv).argmax(1) != y).sum())
+    PROCESS_MEMORY.clear()
+    with torch.no_grad():
+        clean_wrong = int((at_small(x).argmax(1) != y).sum())
+    assert broken["last"] >= clean_wrong + 5 and broken["last"] >= broken["best"] + 2, broken

@@ -117,7 +117,8 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
         "give the defense a surrogate gradient, or read the numbers as gradient-free ones."),
     FlagCode.GRADIENT_MISPREDICTS: Explanation(
         "small steps along the defense's exact gradient do not change its loss as the gradient predicts: the "
-        "gradient attacks follow a function other than the one they are scored on; gradient-free attacks were added.",
+        "gradient attacks follow a function other than the one they are scored on; a PGD that answers its last "
+        "iterate and gradient-free attacks were added.",
         "make the forward pass the function its gradient differentiates (no caches, no lookups of earlier answers)."),
     FlagCode.MODULE_MODE: Explanation(
         "modules handed over in training mode were evaluated in training mode (--module-mode train).",

@@ -305,7 +305,8 @@ def check_gradient_mispredicts(c: _Evidence) -> Flag | None:
     median = float(judged.median())
     return Flag(FlagCode.GRADIENT_MISPREDICTS, c.name, mispredicts_message(median, judged.numel(),
                 f"samples {c.name} failed on"), "make the forward pass the function its gradient differentiates (no "
-                "caches or lookups of earlier answers); gradient-free attacks were added", median)
+                "caches or lookups of earlier answers); a PGD answering its last iterate and gradient-free attacks "
+                "were added", median)
 
 
 def _sanity_pgd(t: Target, x: Tensor, y: Tensor, norm: str, eps: float) -> Tensor:

@@ -17,7 +17,8 @@ outrank the run's ``--grad``/``--eot`` (``harness.battery.resolve``): it exists 
 | ce-vanishing, loss-flat, probability-logits | ``apgd-dlr`` (scale-invariant margin loss)                    |
 | eot-disagree          | the same attack with more EOT draws                                        |
 | acc-still-falling     | the same attack with 4x the iterations (or queries)                        |
-| noise-beats-attack, dead-gradient-mode, no-gradient, grad-changes-output, gradient-mispredicts (first batch) | ``square`` (and ``rays`` for ℓ∞): gradient-free, with EOT on stochastic defenses |
+| noise-beats-attack, dead-gradient-mode, no-gradient, grad-changes-output (first batch) | ``square`` (and ``rays`` for ℓ∞): gradient-free, with EOT on stochastic defenses |
+| gradient-mispredicts  | ``pgd-last`` (PGD-100, margin loss, exact gradients, answers its last iterate) and the gradient-free ones |
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 # flags that only attacks needing no gradients of the defense can answer
 QUERY_FLAGS = frozenset({FlagCode.NOISE_BEATS_ATTACK, FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT,
-                         FlagCode.GRAD_CHANGES_OUTPUT, FlagCode.GRADIENT_MISPREDICTS})
+                         FlagCode.GRAD_CHANGES_OUTPUT})
 MAX_EOT = 200
 GRADIENT_EOT, QUERY_EOT = 20, 8  # the least EOT an escalation uses on a stochastic defense
 
@@ -91,6 +92,16 @@ def more_iterations(spec: AttackSpec, attack: Attack, factor: int = 4) -> list[d
     if not more:
         return []
     return [_spec(f"{spec.name}-x{factor}", spec.attack, {**spec.options, **more}, grad=spec.grad, eot=spec.eot)]
+
+
+def follow_gradient(stochastic: bool, norm: str) -> list[dict[str, Any]]:
+    """When the defense's answers cannot be trusted but its exact gradient can (``gradient-mispredicts``): PGD-100
+    on the margin loss that answers its last iterate instead of choosing by the defense's answers (the verdict
+    judges the point), then the gradient-free attacks."""
+    pgd = [_spec("pgd-last", "pgd", {"steps": 100, "loss": "margin", "keep": "last", **_eot(stochastic, 1,
+                                                                                            GRADIENT_EOT)},
+                 grad="full")] if norm in ("Linf", "L2") else []
+    return pgd + gradient_free(stochastic, norm)
 
 
 def gradient_free(stochastic: bool, norm: str) -> list[dict[str, Any]]:
@@ -175,6 +186,8 @@ def _rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, gra
             out += surrogate_pgd(stochastic, eot)
     elif code in QUERY_FLAGS:
         out = gradient_free(stochastic, attack.norm)
+    elif code == FlagCode.GRADIENT_MISPREDICTS:
+        out = follow_gradient(stochastic, attack.norm)
     elif code in (FlagCode.CE_VANISHING, FlagCode.LOSS_FLAT, FlagCode.PROBABILITY_LOGITS):
         out = margin_loss(own_grad)
     elif code == FlagCode.EOT_DISAGREE:

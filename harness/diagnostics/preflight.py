@@ -195,7 +195,7 @@ def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
 
 
 def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
-                          blackbox: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                          escalate: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``gradient-mispredicts`` finding when the exact gradient does not predict the loss's change under small
     steps (:func:`harness.diagnostics.gradcheck.taylor_agreement`); BPDA and surrogate modes, whose gradients differ
     from the forward pass by design, are not judged."""
@@ -206,7 +206,8 @@ def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, *, seed: int, ep
     share = float(judged.median())
     return [_finding(FlagCode.GRADIENT_MISPREDICTS, mispredicts_message(share, judged.numel(), "first-batch samples"),
                      "make the forward pass the function its gradient differentiates (no caches or lookups of "
-                     "earlier answers); gradient-free attacks were added", share, blackbox)]
+                     "earlier answers); a PGD answering its last iterate and gradient-free attacks were added", share,
+                     escalate)]
 
 
 def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
@@ -304,8 +305,10 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float,
                                  f"({probe.dead[0][1]}); {instead}", "nothing to do: the harness moved the attacks "
                                  "and added gradient-free ones", float(len(probe.dead)), blackbox))
     if gradients and "full" in probe.live:
+        follow = escalation.buildable(escalation.for_threat(escalation.follow_gradient(defense.stochastic, norm),
+                                                            threat), eps, norm)
         findings += _gradient_mispredicts(Target(defense, "full", fresh=instance), x, y, seed=seed,  # type: ignore[arg-type]
-                                          eps=eps, norm=norm, blackbox=blackbox)
+                                          eps=eps, norm=norm, escalate=follow)
     if not probe.live:
         findings.append(_finding(FlagCode.NO_GRADIENT, f"no gradient mode ({', '.join(offered)}) reaches the input: "
                                  "gradient attacks are not started; only gradient-free attacks run",
