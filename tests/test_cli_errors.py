@@ -315,3 +315,7 @@ def test_a_folder_of_runs_is_reported_whole_and_compare_lists_them(tmp_path, cap
     assert f"`harness compare {runs / 'one'} {runs / 'three'}`" in line and "harness report" in line, line
     line = _one_line_error(*_main(["compare", str(runs / "one")], capsys)[::2])
     assert "compare takes two runs, RUN_A and RUN_B" in line, line
+    for command in ("report", "leaderboard", "compare"):  # one level up: the folders of runs are named
+        line = _one_line_error(*_main([command, str(tmp_path)] + ([str(runs)] if command == "compare" else []),
+                                      capsys)[::2])
+        assert f"{tmp_path} holds no run directory but folders of them: {runs}; give one or more" in line, line

@@ -38,10 +38,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _two_runs(run_a: Path, run_b: Path | None) -> None:
     """Refuse a folder of run directories, or a single run, naming the runs and the command that compares two."""
-    from harness.store.locate import runs_in
+    from harness.store.locate import expand, runs_in
 
     for folder in (run_a, run_b):
         found = runs_in(folder) if folder is not None else []
+        if folder is not None and not found:
+            expand([folder])  # a folder of folders of runs is refused naming them
         if found:
             names = ", ".join(p.name for p in found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
             first, second = (found * 2)[:2] if len(found) < 2 else found[:2]
