@@ -186,15 +186,30 @@ def mismatches(a: RunData, b: RunData) -> list[Mismatch]:
     return [*_threat_and_data(a, b), *_scoring(a, b), *_battery(a, b), *_budgets(a, b)]
 
 
-def declared_mismatches(name: str, dataset: str | None, threat: ThreatSpec | None, ref_name: str,
-                        ref_dataset: str | None, ref_threat: ThreatSpec | None) -> list[Mismatch]:
-    """The differences between what an entry declares (None: not declared, so not checked) and a reference's."""
+@dataclass(frozen=True)
+class Declared:
+    """What an entry says it was measured on: a run always says it, a published row where its CSV does (None: not
+    declared, so not checked)."""
+
+    name: str
+    dataset: str | None = None
+    threat: ThreatSpec | None = None
+
+    @classmethod
+    def of(cls, run: RunData) -> "Declared":
+        return cls(run.run_id, run.dataset, run_threat(run))
+
+
+def declared_mismatches(entry: Declared, dataset_ref: Declared, threat_ref: Declared) -> list[Mismatch]:
+    """How ``entry``'s declared dataset differs from ``dataset_ref``'s and its threat model from ``threat_ref``'s
+    (the references may be two entries: the first to declare each)."""
     out = []
-    if dataset is not None and ref_dataset is not None and dataset != ref_dataset:
-        out.append(Mismatch(Aspect.DATASET, f"dataset = {ref_dataset} in {ref_name} but {dataset} in {name}"))
-    if threat is not None and ref_threat is not None and not same_threat(threat, ref_threat):
-        out.append(Mismatch(Aspect.THREAT, f"threat model = {ref_threat.describe()} in {ref_name} but "
-                                           f"{threat.describe()} in {name}"))
+    if entry.dataset is not None and dataset_ref.dataset is not None and entry.dataset != dataset_ref.dataset:
+        out.append(Mismatch(Aspect.DATASET, f"dataset = {dataset_ref.dataset} in {dataset_ref.name} but "
+                                            f"{entry.dataset} in {entry.name}"))
+    if entry.threat is not None and threat_ref.threat is not None and not same_threat(entry.threat, threat_ref.threat):
+        out.append(Mismatch(Aspect.THREAT, f"threat model = {threat_ref.threat.describe()} in {threat_ref.name} but "
+                                           f"{entry.threat.describe()} in {entry.name}"))
     return out
 
 

@@ -28,12 +28,11 @@ from harness.stats.intervals import Interval, clopper_pearson, wilson
 from harness.stats.scoring import worst_case
 from harness.stats.tiers import Basis, Entry, Leaderboard, PairTest, leaderboard
 
-from .comparable import Aspect, BudgetMismatchError, Mismatch, declared_mismatches, mismatches
+from .comparable import Aspect, BudgetMismatchError, Declared, Mismatch, declared_mismatches, mismatches
 from .load import RunData, load_run
 from .outcomes import CRITERION_TEXT, WORST
 from .published import PublishedRow, read_published
 from .table import Settings, build_row, cell_interval, interval_text, pct
-from .threat_check import run_threat
 
 FORMATS = ("markdown", "csv", "json")
 PUBLISHED_INTERVALS = {"clopper-pearson": clopper_pearson, "wilson": wilson}
@@ -112,7 +111,7 @@ def run_rows(runs: list[RunData], settings: Settings) -> tuple[list[Row], list[s
             notes.append(f"WARNING: {label}'s worst case is only an upper bound (its records skipped samples that "
                          "still had correct draws), so its rank may be too high")
         entry = Entry(label, len(outcomes), int(outcomes.sum()), outcomes)
-        differs = [] if run is runs[0] else _checked(mismatches(runs[0], run))
+        differs = () if run is runs[0] else _checked(mismatches(runs[0], run))
         rows.append(Row(entry, interval, str(run.path), "run", wc.worst_is_upper_bound, differs))
     return rows, notes
 
@@ -124,13 +123,13 @@ def _checked(found: list[Mismatch]) -> tuple[str, ...]:
 def _published_mismatches(rows: list[PublishedRow], reference: RunData | None) -> list[tuple[str, ...]]:
     """Per published row, how its declared dataset and threat model differ from the reference run's, or without
     runs from the first row declaring each."""
-    ref_data = (reference.run_id, reference.dataset) if reference is not None else \
-        next(((p.entry.name, p.dataset) for p in rows if p.dataset is not None), (None, None))
-    ref_threat = (reference.run_id, run_threat(reference)) if reference is not None else \
-        next(((p.entry.name, p.threat) for p in rows if p.threat is not None), (None, None))
-    return [_checked(declared_mismatches(p.entry.name, p.dataset, None, str(ref_data[0]), ref_data[1], None) +
-                     declared_mismatches(p.entry.name, None, p.threat, str(ref_threat[0]), None, ref_threat[1]))
-            for p in rows]
+    declared = [Declared(p.entry.name, p.dataset, p.threat) for p in rows]
+    if reference is not None:
+        dataset_ref = threat_ref = Declared.of(reference)
+    else:
+        dataset_ref = next((d for d in declared if d.dataset is not None), Declared(""))
+        threat_ref = next((d for d in declared if d.threat is not None), Declared(""))
+    return [_checked(declared_mismatches(d, dataset_ref, threat_ref)) for d in declared]
 
 
 def published_rows(csv_path: Path, settings: Settings, method: str,
