@@ -41,13 +41,16 @@ def run(args: argparse.Namespace) -> int:
 
     check_output(args.output, "report", args.format)
     args.runs = expand(args.runs)
-    kinds = {check_format(r) for r in args.runs}
+    kind_of = {r: check_format(r) for r in args.runs}
+    kinds = set(kind_of.values())
     if kinds == {RunKind.CERTIFY}:
         from harness.reports.certified import certified_text
         text = certified_text(args.runs, args.format, radii=args.radii, confidence=args.confidence, seed=args.seed,
                               n_resamples=args.resamples, partial=args.partial)
     elif RunKind.CERTIFY in kinds:
-        raise UsageError("report certification runs (`harness certify`) and attack runs (`harness run`) separately")
+        listed = {k: ", ".join(str(r) for r, kind in kind_of.items() if kind is k) for k in kinds}
+        raise UsageError("report certification runs (`harness certify`) and attack runs (`harness run`) separately; "
+                         f"certification: {listed[RunKind.CERTIFY]}; attack: {listed[RunKind.ATTACK]}")
     else:
         columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
         text = render(args.runs, args.format, criterion=args.criterion, confidence=args.confidence, seed=args.seed,
