@@ -23,7 +23,8 @@ from harness.stats.paired import compare_outcomes
 from harness.store import rundir as store
 from harness.store.status import Completeness, require_complete
 
-from .compare import BudgetMismatchError, same_run, same_run_line
+from .comparable import BudgetMismatchError
+from .compare import same_run, same_run_line
 from .table import interval_text
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)

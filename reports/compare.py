@@ -1,16 +1,10 @@
 """Text of ``harness compare RUN_A RUN_B``: matched-budget check, paired difference with its
 interval, the exact McNemar p-value, subset rank-flip probability and the planner's n.
 
-Two runs are ranked only when everything that changes attack strength or scoring matches
-(:func:`budget_mismatches`): the dataset, the sample indices, the evaluation repeats R, the attacks'
-autocast precision, the battery (its attacks in order and each entry's options, escalations included)
-and, per attack, the record columns :data:`harness.api.records.BUDGET_COLUMNS` (ε, norm, the threat model's
-kind and band, iterations, restarts, step size, schedule, loss, EOT, gradient mode, queries, noise samples).
-Runs of different kinds of threat model (``lp``, ``lowfreq``, ``corruptions``) are refused outright, with or
-without ``--allow-mismatch``. The gradient mode is
-skipped when either run's defense has no purifier (its provenance's ``defense.purifier`` is None): full,
-bpda and surrogate gradients are then one function. An attack column is compared only between runs of the
-same mode (cascade: worst case so far; --every-attack: that attack alone).
+Two runs are ranked only when everything that changes attack strength or scoring matches (the rule of
+:mod:`.comparable`, which ``harness leaderboard`` shares). Runs of different kinds of threat model (``lp``,
+``lowfreq``, ``corruptions``) are refused outright, with or without ``--allow-mismatch``. An attack column is
+compared only between runs of the same mode (cascade: worst case so far; --every-attack: that attack alone).
 
 A run compared with itself (the same directory, or a copy: :func:`same_run`) differs by exactly 0 on
 identical paired outcomes; that is said instead of an interval.
@@ -23,86 +17,25 @@ from typing import Any
 
 import pandas as pd
 
-from harness.api.records import BUDGET_COLUMNS
-from harness.battery.resolve import RESOLVER_OPTIONS
 from harness.errors import UsageError
 from harness.stats.paired import Comparison, compare_outcomes, compare_paired_scores
 from harness.stats.planning import discordance_rate, n_for_difference_paired
-from harness.stats.scoring import stages
 from harness.stats.subsets import rank_flip_probability
 from harness.store import rundir as store
 
+from .comparable import BudgetMismatchError, budget_summary, mismatches, without_purifier
 from .corruptions import MEAN, mean_scores
 from .corruptions import THREAT as CORRUPTIONS
 from .load import RunData, load_run
-from .outcomes import CRITERION_TEXT, WORST, check_criterion, outcome_table
+from .outcomes import CRITERION_TEXT, WORST, budgets, check_criterion, outcome_table
 from .threat_check import run_threat
-
-
-class BudgetMismatchError(ValueError):
-    """Raised when two runs with different attack budgets are compared without --allow-mismatch."""
-
-
-def _stages(run: RunData) -> list[str]:
-    """Attack names in stage order (clean excluded)."""
-    return [attack for s, attack in stages(run.records) if s != 0]
-
-
-def _attack_budgets(run: RunData) -> dict[str, dict[str, Any]]:
-    """Per attack stage, the value of each budget column (a tuple when it differs between rows)."""
-    out: dict[str, dict[str, Any]] = {}
-    recs = run.records
-    for stage, rows in recs[recs["stage"] != 0].groupby("stage", sort=True):
-        budget: dict[str, Any] = {}
-        for col in BUDGET_COLUMNS:
-            if col not in rows.columns:
-                budget[col] = "missing"
-                continue
-            values = sorted({v.item() if hasattr(v, "item") else v for v in rows[col] if not pd.isna(v)}, key=str)
-            budget[col] = values[0] if len(values) == 1 else tuple(values)
-        out[str(rows["attack"].iloc[0])] = budget
-    return out
-
-
-def _entries(run: RunData) -> dict[str, dict[str, Any]]:
-    """Battery and escalation entries of the config, by name, without their gradient mode and EOT settings:
-    what those resolved to is compared in the records (columns grad_mode, eot), however it was asked for."""
-    out = {}
-    for e in (e for key in ("battery", "escalations") for e in (run.config.get(key) or []) if isinstance(e, dict)):
-        options = {k: v for k, v in (e.get("options") or {}).items() if k not in RESOLVER_OPTIONS}
-        out[str(e.get("name"))] = {**{k: v for k, v in e.items() if k not in ("grad", "eot")}, "options": options}
-    return out
-
-
-def _indices(run: RunData) -> list[int]:
-    planned = run.provenance.get("indices")
-    return sorted(int(i) for i in planned) if planned else sorted(int(i) for i in run.records["index"].unique())
-
-
-def _repeats(run: RunData) -> int:
-    """R: the config's ``eval_repeats``, else the number of predictions stored per sample."""
-    if run.config.get("eval_repeats"):
-        return int(run.config["eval_repeats"])
-    preds = run.records["preds"] if "preds" in run.records.columns else []
-    return max((len(p) for p in preds if p is not None), default=1)
-
-
-def has_purifier(run: RunData) -> bool | None:
-    """Whether the run's defense has a purifier, from the defense description in its provenance (None: not recorded)."""
-    info = run.provenance.get("defense")
-    return info["purifier"] is not None if isinstance(info, dict) and "purifier" in info else None
-
-
-def _without_purifier(a: RunData, b: RunData) -> list[str]:
-    """Ids of the runs whose defense has no purifier: there the gradient mode changes nothing."""
-    return [run.run_id for run in (a, b) if has_purifier(run) is False]
 
 
 def _grad_mode_note(a: RunData, b: RunData) -> str | None:
     """Why differing gradient modes were not compared (a defense without purifier), else None."""
-    bare = _without_purifier(a, b)
-    ga = {k: v["grad_mode"] for k, v in _attack_budgets(a).items()}
-    gb = {k: v["grad_mode"] for k, v in _attack_budgets(b).items()}
+    bare = without_purifier(a, b)
+    ga = {k: v.get("grad_mode") for k, v in budgets(a.records).items()}
+    gb = {k: v.get("grad_mode") for k, v in budgets(b.records).items()}
     if not bare or ga == gb:
         return None
     return (f"Gradient modes differ but are not compared: {' and '.join(bare)} {'has' if len(bare) == 1 else 'have'} "
@@ -133,59 +66,6 @@ def same_run(run_a: str | Path, run_b: str | Path) -> str | None:
 def same_run_line(why: str) -> str:
     """The plain statement ``harness compare`` prints for one run compared with itself."""
     return f"A and B are the same run ({why}): the difference is exactly 0; nothing to compare."
-
-
-def budget_mismatches(a: RunData, b: RunData) -> list[str]:
-    """Human-readable differences in anything that changes attack strength or scoring (empty when matched)."""
-    na, nb = a.run_id, b.run_id
-    problems = []
-    if a.dataset != b.dataset:
-        problems.append(f"dataset = {a.dataset} in {na} but {b.dataset} in {nb}")
-    ia, ib = _indices(a), _indices(b)
-    if ia != ib:
-        shared = len(set(ia) & set(ib))
-        problems.append(f"sample indices differ: {len(ia)} in {na}, {len(ib)} in {nb}, {shared} shared")
-    if _repeats(a) != _repeats(b):
-        problems.append(f"evaluation repeats R = {_repeats(a)} in {na} but {_repeats(b)} in {nb}")
-    autocast_a, autocast_b = a.config.get("autocast", "none"), b.config.get("autocast", "none")
-    if autocast_a != autocast_b:  # the attacks' arithmetic precision, so their strength
-        problems.append(f"autocast = {autocast_a} in {na} but {autocast_b} in {nb}")
-    sa, sb = _stages(a), _stages(b)
-    only_a, only_b = [k for k in sa if k not in sb], [k for k in sb if k not in sa]
-    if only_a or only_b:
-        problems.append(f"attack batteries differ: only in {na}: {only_a or '-'}; only in {nb}: {only_b or '-'}")
-    elif sa != sb:
-        problems.append(f"attack order differs: {sa} in {na} but {sb} in {nb}")
-    ea, eb = _entries(a), _entries(b)
-    for name in (k for k in sa if k in sb and k in ea and k in eb and ea[k] != eb[k]):
-        problems.append(f"{name}: battery entry {ea[name]} in {na} but {eb[name]} in {nb}")
-    if a.threat == b.threat == CORRUPTIONS and sa == sb and ia == ib:
-        fa, fb = ((run.provenance.get("fingerprint") or {}).get("data") or "" for run in (a, b))
-        if fa != fb:
-            problems.append(f"the corrupted images differ (data fingerprint {fa[:12]} in {na} but {fb[:12]} in {nb}): "
-                            "another corruption seed (--sample-seed, else --seed) or package versions")
-    ba, bb = _attack_budgets(a), _attack_budgets(b)
-    columns = [c for c in BUDGET_COLUMNS if not (c == "grad_mode" and _without_purifier(a, b))]
-    for name in (k for k in sa if k in sb):
-        for col in columns:
-            va, vb = ba[name][col], bb[name][col]
-            if va != vb:
-                problems.append(f"{name}: {col} = {va} in {na} but {vb} in {nb}")
-    return problems
-
-
-def budget_summary(run: RunData) -> str:
-    """The matched settings, for the "Budgets matched" line."""
-    parts = [f"{run.dataset}, {len(_indices(run))} samples, R = {_repeats(run)}"]
-    if run.threat == CORRUPTIONS:  # no attack budgets: the same corrupted images
-        data = (run.provenance.get("fingerprint") or {}).get("data") or ""
-        return "; ".join([*parts, f"corruptions {', '.join(run.config.get('corruptions') or [])} at severities "
-                          f"{', '.join(map(str, run.config.get('severities') or []))}, the same corrupted images "
-                          f"(data fingerprint {data[:12]})"])
-    for attack, budget in _attack_budgets(run).items():
-        parts.append(f"{attack}(" + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                              for k, v in budget.items()) + ")")
-    return "; ".join(parts)
 
 
 def _column_meaning(outcomes: pd.DataFrame, column: str) -> str:
@@ -237,7 +117,7 @@ def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, at
         raise UsageError(f"{a.run_id} is a --threat {a.threat} run ({run_threat(a).describe()}) and {b.run_id} a --threat "
                          f"{b.threat} run ({run_threat(b).describe()}): their accuracies measure different things; "
                          "accepted: two runs of the same threat model")
-    problems = [] if a.path.resolve() == b.path.resolve() else budget_mismatches(a, b)
+    problems = [] if a.path.resolve() == b.path.resolve() else [str(m) for m in mismatches(a, b)]
     oa = outcome_table(a.records, criterion, config=a.config)
     ob = outcome_table(b.records, criterion, config=b.config)
     if a.threat == CORRUPTIONS:  # the default column: the mean corruption accuracy (a fraction per sample)

@@ -4,6 +4,13 @@ interval, grouped into tiers that are not statistically distinguishable (:mod:`h
 A run's entry is its worst-case column under the criterion (:func:`harness.stats.scoring.worst_case`) with the
 interval ``harness report`` shows for that cell; a published row (:mod:`.published`) without records gets the
 Clopper-Pearson or Wilson interval of its rounded count, one with records the report's interval.
+
+Entries are ranked only when they measure the same thing, by ``harness compare``'s rule (:mod:`.comparable`): each
+run is checked against the first run given (dataset, threat model, R, criterion, battery, budgets, gradient modes;
+not the sample indices, which only decide pairing), and each published row's declared dataset and threat model
+against the first run, or without runs against the first row declaring them. A mismatch is refused
+(:class:`~.comparable.BudgetMismatchError`) unless ``allow_mismatch``, which marks each mismatched entry (†) and
+says what differs.
 """
 from __future__ import annotations
 
@@ -21,13 +28,16 @@ from harness.stats.intervals import Interval, clopper_pearson, wilson
 from harness.stats.scoring import worst_case
 from harness.stats.tiers import Basis, Entry, Leaderboard, PairTest, leaderboard
 
+from .comparable import Aspect, BudgetMismatchError, Declared, Mismatch, declared_mismatches, mismatches
 from .load import RunData, load_run
 from .outcomes import CRITERION_TEXT, WORST
-from .published import read_published
+from .published import PublishedRow, read_published
 from .table import Settings, build_row, cell_interval, interval_text, pct
 
 FORMATS = ("markdown", "csv", "json")
 PUBLISHED_INTERVALS = {"clopper-pearson": clopper_pearson, "wilson": wilson}
+UNCHECKED = frozenset({Aspect.SAMPLES})  # entries on other samples are tested unpaired (or paired on the shared ones)
+MARK = "†"
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,12 @@ class Row:
     source: str  # a run directory, or the CSV's source column
     kind: str  # "run", "published" or "published records"
     upper_bound: bool = False
+    mismatches: tuple[str, ...] = ()  # how it differs from the reference entry (ranked with allow_mismatch only)
+
+    @property
+    def label(self) -> str:
+        """The name as the table shows it: marked when the entry differs from the reference."""
+        return f"{self.entry.name} {MARK}" if self.mismatches else self.entry.name
 
 
 @dataclass
@@ -50,19 +66,16 @@ class Board:
     settings: Settings
     published_interval: str
     notes: list[str] = field(default_factory=list)
+    reference: str | None = None  # the entry the others were checked against
+
+    def mismatch_lines(self) -> list[str]:
+        """One line per marked entry saying what differs from the reference."""
+        return [f"{MARK} {row.entry.name} differs from {self.reference}, so it is NOT ranked like for like (shown "
+                f"because of --allow-mismatch): {'; '.join(row.mismatches)}" for row in self.rows if row.mismatches]
 
 
-def _threat(run: RunData) -> tuple[str, ...]:
-    """(dataset, ε, norm, threat-model kind with its band) of the run's attack stages, as text."""
-    attacks = run.records[run.records["stage"] > 0]
-    eps = sorted({round(float(v), 6) for v in attacks.get("eps", pd.Series(dtype=float)).dropna()})
-    norms = sorted({str(v) for v in attacks.get("norm", pd.Series(dtype=str)).dropna()})
-    kind = run.threat + (f" band={run.config.get('band')}" if run.threat == "lowfreq" else "")
-    return run.dataset, "/".join(f"{e:g}" for e in eps) or "-", "/".join(norms) or "-", kind
-
-
-def run_rows(run_dirs: list[Path], settings: Settings) -> tuple[list[Row], list[str]]:
-    """An entry per run (labelled as ``harness report`` labels rows) and warnings about them."""
+def load_runs(run_dirs: list[Path]) -> list[RunData]:
+    """The runs to rank: attack runs with a robust accuracy (certification and corruption runs are refused)."""
     from harness.store.rundir import RunKind, check_format
 
     for path in run_dirs:
@@ -74,6 +87,12 @@ def run_rows(run_dirs: list[Path], settings: Settings) -> tuple[list[Row], list[
     if corrupted:
         raise UsageError(f"{', '.join(corrupted)}: --threat corruptions runs have no robust accuracy to rank; the "
                          "leaderboard ranks attack runs (`harness report` shows their mean corruption accuracy)")
+    return runs
+
+
+def run_rows(runs: list[RunData], settings: Settings) -> tuple[list[Row], list[str]]:
+    """An entry per run (labelled as ``harness report`` labels rows), each with how it differs from the first run,
+    and warnings about them."""
     names = [r.name for r in runs]
     rows, notes = [], []
     for run in runs:
@@ -92,25 +111,41 @@ def run_rows(run_dirs: list[Path], settings: Settings) -> tuple[list[Row], list[
             notes.append(f"WARNING: {label}'s worst case is only an upper bound (its records skipped samples that "
                          "still had correct draws), so its rank may be too high")
         entry = Entry(label, len(outcomes), int(outcomes.sum()), outcomes)
-        rows.append(Row(entry, interval, str(run.path), "run", wc.worst_is_upper_bound))
-    threats = {_threat(r) for r in runs}
-    if len(threats) > 1:
-        listed = "; ".join(f"{r.run_id}: {', '.join(_threat(r))}" for r in runs)
-        notes.append(f"WARNING: the runs differ in dataset, ε or norm, so their accuracies are not comparable "
-                     f"({listed})")
+        differs = () if run is runs[0] else _checked(mismatches(runs[0], run))
+        rows.append(Row(entry, interval, str(run.path), "run", wc.worst_is_upper_bound, differs))
     return rows, notes
 
 
-def published_rows(csv_path: Path, settings: Settings, method: str) -> tuple[list[Row], list[str]]:
-    """An entry per row of a published-numbers CSV, and a note on the counts rounded from percentages."""
+def _checked(found: list[Mismatch]) -> tuple[str, ...]:
+    return tuple(str(m) for m in found if m.aspect not in UNCHECKED)
+
+
+def _published_mismatches(rows: list[PublishedRow], reference: RunData | None) -> list[tuple[str, ...]]:
+    """Per published row, how its declared dataset and threat model differ from the reference run's, or without
+    runs from the first row declaring each."""
+    declared = [Declared(p.entry.name, p.dataset, p.threat) for p in rows]
+    if reference is not None:
+        dataset_ref = threat_ref = Declared.of(reference)
+    else:
+        dataset_ref = next((d for d in declared if d.dataset is not None), Declared(""))
+        threat_ref = next((d for d in declared if d.threat is not None), Declared(""))
+    return [_checked(declared_mismatches(d, dataset_ref, threat_ref)) for d in declared]
+
+
+def published_rows(csv_path: Path, settings: Settings, method: str,
+                   reference: RunData | None = None) -> tuple[list[Row], list[str]]:
+    """An entry per row of a published-numbers CSV (with how what it declares differs from ``reference``, the
+    first run), and a note on the counts rounded from percentages."""
     rows, inexact = [], []
-    for p in read_published(csv_path):
+    published = read_published(csv_path)
+    for p, differs in zip(published, _published_mismatches(published, reference)):
         e = p.entry
         if e.outcomes is not None:
-            rows.append(Row(e, cell_interval(e.outcomes.to_numpy(), settings), p.source, "published records"))
+            rows.append(Row(e, cell_interval(e.outcomes.to_numpy(), settings), p.source, "published records",
+                            mismatches=differs))
         else:
             rows.append(Row(e, PUBLISHED_INTERVALS[method](e.successes, e.n, settings.confidence), p.source,
-                            "published"))
+                            "published", mismatches=differs))
         if not p.exact:
             inexact.append(f"{e.name}: {p.accuracy}% -> {e.successes}/{e.n} = {100 * e.accuracy:.2f}%")
     notes = []
@@ -122,25 +157,40 @@ def published_rows(csv_path: Path, settings: Settings, method: str) -> tuple[lis
     return rows, notes
 
 
+def _refuse_mismatches(rows: list[Row], reference: str | None) -> None:
+    differing = [row for row in rows if row.mismatches]
+    if differing:
+        raise BudgetMismatchError(
+            f"refusing to rank entries that measure different things (each is checked against {reference}):\n  - " +
+            "\n  - ".join(m for row in differing for m in row.mismatches) +
+            "\npass --allow-mismatch to rank them anyway, each mismatched entry marked")
+
+
 def build_board(run_dirs: list[Path], csv_path: Path | None = None, *, settings: Settings | None = None,
-                alpha: float = 0.05, power: float = 0.8, published_interval: str = "clopper-pearson") -> Board:
-    """Rank the runs and the CSV's rows together and assign their tiers."""
+                alpha: float = 0.05, power: float = 0.8, published_interval: str = "clopper-pearson",
+                allow_mismatch: bool = False) -> Board:
+    """Rank the runs and the CSV's rows together and assign their tiers; entries that differ from the first run in
+    what they measure are refused (:class:`BudgetMismatchError`) unless ``allow_mismatch``, which marks them."""
     s = settings or Settings()
     if s.criterion not in ("all", "majority"):
         raise UsageError(f"--criterion {s.criterion}: the leaderboard's tests need 0/1 outcomes; use all or majority")
     if published_interval not in PUBLISHED_INTERVALS:
         raise UsageError(f"unknown interval {published_interval!r} for published numbers; accepted: "
                          f"{', '.join(PUBLISHED_INTERVALS)}")
-    rows, notes = run_rows(list(run_dirs), s) if run_dirs else ([], [])
+    runs = load_runs(list(run_dirs))
+    rows, notes = run_rows(runs, s) if runs else ([], [])
     if csv_path is not None:
-        more, more_notes = published_rows(Path(csv_path), s, published_interval)
+        more, more_notes = published_rows(Path(csv_path), s, published_interval, runs[0] if runs else None)
         rows, notes = rows + more, notes + more_notes
+    reference = f"the first run, {rows[0].entry.name}" if runs else "the first row declaring it"
     if len(rows) < 2:
         raise UsageError(f"a leaderboard needs at least 2 entries, got {len(rows)}: give run directories, --csv FILE "
                          "with published numbers, or both")
+    if not allow_mismatch:
+        _refuse_mismatches(rows, reference)
     result = leaderboard([r.entry for r in rows], alpha=alpha, power=power)
     by_name = {r.entry.name: r for r in rows}
-    return Board([by_name[e.name] for e in result.entries], result, s, published_interval, notes)
+    return Board([by_name[e.name] for e in result.entries], result, s, published_interval, notes, reference)
 
 
 def _p(value: float) -> str:
@@ -241,11 +291,12 @@ def render_markdown(board: Board) -> str:
     last = len(board.rows) - 1
     for i, row in enumerate(board.rows):
         basis = board.result.pairs[(i, i + 1)].basis.value if i < last else "-"
-        lines.append("| " + " | ".join([str(i + 1), str(board.result.tiers[i]), row.entry.name, str(row.entry.n),
+        lines.append("| " + " | ".join([str(i + 1), str(board.result.tiers[i]), row.label, str(row.entry.n),
                                         _cell(row), _head_p(board, i), basis,
                                         _separation(board, i) if i < last else "-"]) + " |")
-    return "\n".join([*lines, "", summary_line(board), *boundary_lines(board), "", *method_lines(board),
-                      *board.notes]) + "\n"
+    marks = board.mismatch_lines()
+    return "\n".join([*lines, *([""] + marks if marks else []), "", summary_line(board), *boundary_lines(board), "",
+                      *method_lines(board), *board.notes]) + "\n"
 
 
 def _next(board: Board, i: int) -> dict[str, Any] | None:
@@ -260,7 +311,7 @@ def render_csv(board: Board) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["rank", "tier", "name", "kind", "source", "n", "robust", "accuracy", "low", "high", "method",
-                     "upper bound", "holm p vs tier head", "basis to next", "n to separate from next"])
+                     "upper bound", "holm p vs tier head", "basis to next", "n to separate from next", "mismatch"])
     for i, row in enumerate(board.rows):
         iv, nxt = row.interval, _next(board, i)
         head = _head_p(board, i)
@@ -268,7 +319,7 @@ def render_csv(board: Board) -> str:
                          row.entry.successes, pct(iv.estimate), pct(iv.low), pct(iv.high), iv.method,
                          "yes" if row.upper_bound else "no", "" if head == "head" else head,
                          nxt["basis"] if nxt else "", "" if not nxt or nxt["n_to_separate"] is None
-                         else nxt["n_to_separate"]])
+                         else nxt["n_to_separate"], "; ".join(row.mismatches)])
     return buf.getvalue()
 
 
@@ -278,13 +329,15 @@ def render_json(board: Board) -> str:
     entries = [{"rank": i + 1, "tier": r.tiers[i], "name": row.entry.name, "kind": row.kind, "source": row.source,
                 "n": row.entry.n, "robust": row.entry.successes, "accuracy": row.interval.estimate,
                 "ci_low": row.interval.low, "ci_high": row.interval.high, "ci_method": row.interval.method,
-                "upper_bound": row.upper_bound, "next": _next(board, i)} for i, row in enumerate(board.rows)]
+                "upper_bound": row.upper_bound, "mismatches": list(row.mismatches), "next": _next(board, i)}
+               for i, row in enumerate(board.rows)]
     pairs = [{"upper": t.upper + 1, "lower": t.lower + 1, "basis": t.basis.value, "samples": t.samples,
               "difference": t.difference, "p_value": t.p_value, "p_holm": t.p_holm,
               "discordant": list(t.discordant) if t.discordant else None} for t in r.pairs.values()]
     data = {"criterion": s.criterion, "confidence": s.confidence, "alpha": r.alpha, "power": r.power,
             "published_interval": board.published_interval, "tiers": r.tiers[-1], "entries": entries,
-            "pairs": pairs, "notes": [summary_line(board), *boundary_lines(board), *board.notes]}
+            "pairs": pairs, "reference": board.reference,
+            "notes": [*board.mismatch_lines(), summary_line(board), *boundary_lines(board), *board.notes]}
     return json.dumps(data, indent=2) + "\n"
 
 

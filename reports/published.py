@@ -9,24 +9,34 @@ Columns (a header row; names are case-insensitive, order free):
   with columns ``index`` (the test-set index of the sample) and ``robust`` (0/1), or ``.npy`` holding either a
   1-D array of 0/1 (sample i at index i) or an (n, 2) array of index, robust. It must hold n samples whose
   accuracy rounds to the published one; an empty cell means no records;
-* ``source`` (optional): free text (a citation), shown in the CSV and JSON output.
+* ``source`` (optional): free text (a citation), shown in the CSV and JSON output;
+* ``dataset`` (optional): the data set the number was measured on (``cifar10``, ``cifar100``, ``svhn``);
+* ``threat`` (optional): its threat model as ``harness threats --threat`` takes it (``Linf:8/255``, ``L2:0.5``,
+  ``lowfreq:L2:1:band=8``), or instead ``norm`` and ``eps`` (optional, together): an ℓp ball (``Linf``, ``8/255``).
+
+An empty ``dataset`` or threat cell declares nothing; what a row declares is checked against the runs (and the other
+rows) by the rule ``harness compare`` uses (:mod:`.comparable`).
 
 Without records the robust count is ``round(accuracy / 100 * n)``: a published percentage is a rounded ratio, and
 when no whole count out of n rounds to it a note says so (:func:`harness.stats.tiers.count_from_percent`).
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from harness.api.schema import number_or_fraction
+from harness.api.threatspec import ThreatSpec
 from harness.errors import MissingInputError, UsageError
+from harness.sources.catalog import DATASETS
 from harness.stats.tiers import Entry, count_from_percent, rounds_to
 
 REQUIRED = ("name", "n", "accuracy")
-OPTIONAL = ("records", "source")
+OPTIONAL = ("records", "source", "dataset", "threat", "norm", "eps")
 RECORD_SUFFIXES = (".csv", ".parquet", ".npy")
 
 
@@ -40,6 +50,8 @@ class PublishedRow:
     source: str
     exact: bool
     records: Path | None
+    dataset: str | None = None  # None: not declared
+    threat: ThreatSpec | None = None  # None: not declared
 
 
 def _where(path: Path, line: int) -> str:
@@ -116,6 +128,33 @@ def read_records(path: Path, where: str) -> pd.Series:
     return series.sort_index()
 
 
+def _dataset(text: str, where: str) -> str | None:
+    if text and text not in DATASETS:
+        raise UsageError(f"{where}: dataset {text!r} is not one the harness evaluates; accepted: {', '.join(DATASETS)} "
+                         "(or an empty cell)")
+    return text or None
+
+
+def _threat(record: dict[str, str], where: str) -> ThreatSpec | None:
+    """The threat model a row declares: its ``threat`` cell, else its ``norm`` and ``eps`` cells; None if empty."""
+    text = (record.get("threat") or "").strip()
+    if text:
+        try:
+            return ThreatSpec.parse(text)[0]
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+    norm, eps = ((record.get(k) or "").strip() for k in ("norm", "eps"))
+    if not norm and not eps:
+        return None
+    if not norm or not eps:
+        raise UsageError(f"{where}: norm and eps declare an lp ball together; give both (e.g. Linf and 8/255) or "
+                         "neither")
+    try:
+        return ThreatSpec("lp", norm, number_or_fraction(eps))
+    except (UsageError, argparse.ArgumentTypeError) as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
 def read_published(path: Path) -> list[PublishedRow]:
     """The rows of a published-numbers CSV as entries (see the module docstring for the columns)."""
     path = Path(path)
@@ -132,7 +171,10 @@ def read_published(path: Path) -> list[PublishedRow]:
     if missing or unknown:
         what = f"missing column(s) {', '.join(missing)}" if missing else f"unknown column(s) {', '.join(unknown)}"
         raise UsageError(f"--csv {str(path)!r}: {what}; accepted columns: name, n, accuracy (percent), and "
-                         "optionally records (a per-sample file), source")
+                         "optionally records (a per-sample file), source, dataset, threat (or norm and eps)")
+    if "threat" in frame.columns and ({"norm", "eps"} & set(frame.columns)):
+        raise UsageError(f"--csv {str(path)!r}: the threat model is declared either in a threat column (Linf:8/255) or "
+                         "in norm and eps columns, not both")
     rows = []
     for line, record in enumerate(frame.to_dict("records"), start=2):  # line 1 is the header
         where = _where(path, line)
@@ -154,5 +196,6 @@ def read_published(path: Path) -> list[PublishedRow]:
         else:
             k, note = count_from_percent(accuracy, n, f"accuracy of {name!r}", places)
             entry, file = Entry(name, n, k), None
-        rows.append(PublishedRow(entry, text, (record.get("source") or "").strip(), note is None, file))
+        rows.append(PublishedRow(entry, text, (record.get("source") or "").strip(), note is None, file,
+                                 _dataset((record.get("dataset") or "").strip(), where), _threat(record, where)))
     return rows

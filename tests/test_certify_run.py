@@ -125,7 +125,8 @@ def test_kinds_are_not_mixed(tiny_data_root, tmp_path, capsys):
                  "--quiet"]) == 0
     capsys.readouterr()
     assert main(["report", str(cert), str(tmp_path / "r" / "att")]) == 2
-    assert "separately" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "separately" in err and f"certification: {cert}; attack: {tmp_path / 'r' / 'att'}" in err, err
 
 
 def test_latency_protocol(tiny_data_root, monkeypatch):

@@ -271,3 +271,51 @@ def test_list_shows_plain_sentences_and_an_exact_name_shows_its_options(capsys):
     assert "options:" in out and "quality: int = 75" in out and "classifier: str = 'at-small'" in out
     assert main(["list", "attacks", "pgd"]) == 0
     assert "steps: int = 10" in capsys.readouterr().out
+
+
+# --- folders: of run directories, or of anything else ---------------------------------------------------------
+
+DESTRUCTIVE = ("delete", "remove", "rm ", "erase")
+
+
+def test_a_folder_that_is_not_a_run_says_what_a_run_directory_is_and_advises_no_deletion(tmp_path, capsys):
+    """`harness report docs` (a folder of the user's own files) and an empty folder: one line naming what a run
+    directory is; nothing the harness did not write is ever to be deleted."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    (tmp_path / "empty").mkdir()
+    for command in ("report", "leaderboard", "compare"):
+        for folder in (docs, tmp_path / "empty"):
+            args = [command, str(folder)] + ([str(folder)] if command != "report" else [])
+            line = _one_line_error(*_main(args, capsys)[::2])
+            assert "not a run directory and holds none" in line and "a run directory is OUT/RUN-ID/" in line, line
+            assert not any(word in line.lower() for word in DESTRUCTIVE), line
+
+
+def test_a_directory_from_before_format_versioning_is_not_to_be_deleted(run_dir, tmp_path, capsys):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    (old / "format.json").unlink()
+    line = _one_line_error(*_main(["report", str(old)], capsys)[::2])
+    assert "written before run-format versioning" in line and "another --run-id or --out" in line, line
+    assert not any(word in line.lower() for word in DESTRUCTIVE), line
+
+
+def test_a_folder_of_runs_is_reported_whole_and_compare_lists_them(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    for name in ("one", "two", "three"):
+        write_synthetic_run(runs / name, defense=name, n=32, robust=[("pgd", 0.5)], seed=1)
+    (runs / "notes").mkdir()
+    code, out, _ = _main(["report", str(runs), "--resamples", "1000"], capsys)
+    rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith(("| one", "| two", "| three"))]
+    assert code == 0 and rows == ["| one", "| three", "| two"], out
+    line = _one_line_error(*_main(["compare", str(runs)], capsys)[::2])
+    assert f"{runs} is a folder of 3 run directories (one, three, two)" in line, line
+    assert f"`harness compare {runs / 'one'} {runs / 'three'}`" in line and "harness report" in line, line
+    line = _one_line_error(*_main(["compare", str(runs / "one")], capsys)[::2])
+    assert "compare takes two runs, RUN_A and RUN_B" in line, line
+    for command in ("report", "leaderboard", "compare"):  # one level up: the folders of runs are named
+        line = _one_line_error(*_main([command, str(tmp_path)] + ([str(runs)] if command == "compare" else []),
+                                      capsys)[::2])
+        assert f"{tmp_path} holds no run directory but folders of them: {runs}; give one or more" in line, line

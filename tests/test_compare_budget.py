@@ -141,3 +141,49 @@ def test_gradient_mode_is_not_compared_for_a_defense_without_purifier(tmp_path: 
     assert main(["compare", str(bpda), str(small), "--resamples", "1000"]) == 3
     err = capsys.readouterr().err
     assert "pgd: eps = " in err and "grad_mode" not in err, err
+
+
+# --- the leaderboard follows the same rule ------------------------------------------------------------------
+
+@pytest.mark.parametrize("field", [f for f in CHANGES if f != "indices"])
+def test_the_leaderboard_refuses_each_difference_compare_refuses(field: str, run_a: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """One rule: what `harness compare` refuses, `harness leaderboard` refuses (exit 3, named) unless
+    --allow-mismatch, which marks the entry and says what differs."""
+    change, expected = CHANGES[field]
+    b = write_synthetic_run(tmp_path / "b", **{**BASE, **change})
+    assert main(["leaderboard", str(run_a), str(b), "--resamples", "1000"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == "" and "refusing to rank" in captured.err and expected in captured.err, captured.err
+    assert main(["leaderboard", str(run_a), str(b), "--resamples", "1000", "--allow-mismatch"]) == 0
+    out = capsys.readouterr().out
+    marked = [line for line in out.splitlines() if line.startswith("| ") and "†" in line]
+    assert len(marked) == 1 and "(b) †" in marked[0], out
+    assert "† none (b) differs from the first run, none (a)" in out and expected in out, out
+
+
+def test_the_leaderboard_ranks_runs_on_other_samples(run_a: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """Sample indices decide only the pairing (paired on the shared ones, else unpaired), so they are not refused."""
+    b = write_synthetic_run(tmp_path / "b", **{**BASE, "index_offset": 30})
+    assert main(["leaderboard", str(run_a), str(b), "--resamples", "1000"]) == 0
+    assert "†" not in capsys.readouterr().out
+
+
+def test_a_different_cascade_criterion_of_a_stochastic_defense_is_refused(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """With R > 1 draws the cascade's decide_by decides which samples were still attacked; with one draw the
+    criteria coincide and it is not compared."""
+    from harness.api.config import dumps
+    from harness.store.rundir import load_config
+
+    for draws, refused in ((3, True), (1, False)):
+        a = write_synthetic_run(tmp_path / f"a{draws}" / "a", **{**BASE, "draws": draws})
+        b = write_synthetic_run(tmp_path / f"b{draws}" / "b", **{**BASE, "draws": draws})
+        cfg = load_config(b)
+        cfg.decide_by = "all"
+        (b / "config.toml").write_text(dumps(cfg))
+        for command in ("compare", "leaderboard"):
+            assert main([command, str(a), str(b), "--resamples", "1000"]) == (3 if refused else 0)
+            err = capsys.readouterr().err
+            assert ("the cascade decided by mean in a but by all in b" in err) is refused, err

@@ -240,23 +240,97 @@ def test_runs_are_ranked_by_their_worst_case_and_paired_on_their_samples(tmp_pat
     latent = np.random.default_rng(0).uniform(size=300)
     strong = write_synthetic_run(tmp_path / "strong", defense="strong", n=300, latent=latent,
                                  robust=(("pgd", 0.6), ("square", 0.5)))
-    weak = write_synthetic_run(tmp_path / "weak", defense="weak", n=300, latent=latent, robust=(("pgd", 0.45),))
+    weak = write_synthetic_run(tmp_path / "weak", defense="weak", n=300, latent=latent,
+                               robust=(("pgd", 0.45), ("square", 0.4)))
     code, out, _ = _leaderboard([str(weak), str(strong), "--format", "json"], capsys)
     data = json.loads(out)
     assert code == 0 and [e["name"] for e in data["entries"]] == ["strong", "weak"]
     worst = outcome_table(load_records(strong))["worst-case"]
     assert data["entries"][0]["robust"] == int(worst.sum()) and data["entries"][0]["n"] == 300
     assert data["pairs"][0]["basis"] == "paired" and data["tiers"] == 2
+    assert [e["mismatches"] for e in data["entries"]] == [[], []]
     code, out, _ = _leaderboard([str(weak), str(strong), "--csv", str(_csv(tmp_path / "p.csv",
                                  "name,n,accuracy\npaper,512,48.05\n"))], capsys)
     assert code == 0 and "| paper | 512 | 48.0 CP[" in out and "paired on 300 shared samples" in out
 
 
-def test_runs_under_different_threat_models_are_flagged(tmp_path, capsys) -> None:
+def test_a_folder_of_runs_ranks_every_run_in_it(tmp_path, capsys) -> None:
+    latent = np.random.default_rng(1).uniform(size=200)
+    for name, p in (("strong", 0.6), ("weak", 0.3)):
+        write_synthetic_run(tmp_path / "runs" / name, defense=name, n=200, latent=latent, robust=(("pgd", p),))
+    (tmp_path / "runs" / "notes").mkdir()  # a folder that is not a run is left alone
+    code, out, _ = _leaderboard([str(tmp_path / "runs"), "--format", "json"], capsys)
+    assert code == 0 and [e["name"] for e in json.loads(out)["entries"]] == ["strong", "weak"]
+
+
+# --- entries that measure different things ------------------------------------------------------------------
+
+SHIPPED_THREATS = ["results/cifar10-linf/at-small", "results/cifar10-threats/at-small-cifar10-9766eb5fda",
+                   "results/cifar10-threats/at-small-cifar10-a27a7ad09a"]  # Linf 8/255, lowfreq L2 0.5, L2 0.5
+
+
+def test_shipped_runs_under_three_threat_models_are_refused_naming_them(capsys, monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    code, out, err = _leaderboard(SHIPPED_THREATS, capsys)
+    assert code == 3 and out == "" and err.startswith("harness leaderboard: refusing to rank entries"), err
+    assert "threat model = Linf ε=8/255 in at-small but lowfreq L2 ε=0.5 band=8 in at-small-cifar10-9766eb5fda" in err
+    assert "threat model = Linf ε=8/255 in at-small but L2 ε=0.5 in at-small-cifar10-a27a7ad09a" in err
+    assert "pass --allow-mismatch" in err
+    code, out, _ = _leaderboard([*SHIPPED_THREATS, "--allow-mismatch"], capsys)
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "rank" not in line]
+    assert code == 0 and len(rows) == 3
+    assert sorted("†" in r for r in rows) == [False, True, True] and "| at-small (at-small) |" in "".join(rows)
+    notes = [line for line in out.splitlines() if line.startswith("† ")]
+    assert len(notes) == 2 and all("differs from the first run, at-small (at-small)" in n for n in notes), notes
+    assert any("lowfreq L2 ε=0.5 band=8" in n for n in notes) and any("but L2 ε=0.5 in" in n for n in notes)
+
+
+def test_one_defense_under_two_batteries_is_refused(tmp_path, capsys) -> None:
+    latent = np.random.default_rng(2).uniform(size=200)
+    short = write_synthetic_run(tmp_path / "short", defense="at", n=200, latent=latent, robust=(("pgd", 0.5),))
+    full = write_synthetic_run(tmp_path / "full", defense="at", n=200, latent=latent,
+                               robust=(("pgd", 0.5), ("square", 0.4)))
+    code, out, err = _leaderboard([str(short), str(full)], capsys)
+    assert code == 3 and out == ""
+    assert "attack batteries differ: only in short: -; only in full: ['square']" in err, err
+
+
+def test_allowed_mismatches_are_marked_in_every_format(tmp_path, capsys) -> None:
     a = write_synthetic_run(tmp_path / "a", defense="a", n=100, eps=8 / 255)
     b = write_synthetic_run(tmp_path / "b", defense="b", n=100, eps=4 / 255, robust=(("pgd", 0.3),))
-    code, out, _ = _leaderboard([str(a), str(b)], capsys)
-    assert code == 0 and "WARNING: the runs differ in dataset, ε or norm" in out
+    code, out, err = _leaderboard([str(a), str(b), "--allow-mismatch", "--format", "csv"], capsys)
+    table = pd.read_csv(io.StringIO(out)).set_index("name")
+    assert code == 0 and pd.isna(table.loc["a", "mismatch"])
+    assert "threat model = Linf ε=8/255 in a but Linf ε=4/255 in b" in table.loc["b", "mismatch"]
+    assert err.startswith("† b differs from the first run, a"), err
+    code, out, _ = _leaderboard([str(a), str(b), "--allow-mismatch", "--format", "json"], capsys)
+    data = json.loads(out)
+    by_name = {e["name"]: e["mismatches"] for e in data["entries"]}
+    assert by_name["a"] == [] and any("ε=4/255" in m for m in by_name["b"]) and data["notes"][0].startswith("† b")
+
+
+# --- published numbers that declare their threat model ------------------------------------------------------
+
+
+def test_a_published_threat_model_that_differs_from_the_runs_is_refused(tmp_path, capsys) -> None:
+    run = write_synthetic_run(tmp_path / "run", defense="mine", n=200)  # cifar10, Linf 8/255
+    same = _csv(tmp_path / "same.csv", "name,n,accuracy,dataset,threat\npaper,512,48.05,cifar10,Linf:8/255\n")
+    assert _leaderboard([str(run), "--csv", str(same)], capsys)[0] == 0
+    other = _csv(tmp_path / "other.csv", "name,n,accuracy,threat\npaper,512,48.05,L2:0.5\nold,512,40,\n")
+    code, out, err = _leaderboard([str(run), "--csv", str(other)], capsys)
+    assert code == 3 and out == "" and "threat model = Linf ε=8/255 in run but L2 ε=0.5 in paper" in err, err
+    assert "old" not in err  # an empty cell declares nothing
+    code, out, _ = _leaderboard([str(run), "--csv", str(other), "--allow-mismatch"], capsys)
+    assert code == 0 and "| paper † |" in out and "† paper differs from the first run, mine" in out, out
+    data = _csv(tmp_path / "data.csv", "name,n,accuracy,dataset,norm,eps\npaper,512,48.05,cifar100,Linf,8/255\n")
+    code, _, err = _leaderboard([str(run), "--csv", str(data)], capsys)
+    assert code == 3 and "dataset = cifar10 in run but cifar100 in paper" in err and "threat" not in err, err
+
+
+def test_published_rows_alone_are_checked_against_each_other(tmp_path, capsys) -> None:
+    f = _csv(tmp_path / "t.csv", "name,n,accuracy,norm,eps\nA,512,60,,\nB,512,50,Linf,8/255\nC,512,40,Linf,4/255\n")
+    code, _, err = _leaderboard(["--csv", str(f)], capsys)
+    assert code == 3 and "threat model = Linf ε=8/255 in B but Linf ε=4/255 in C" in err, err
 
 
 # --- errors -------------------------------------------------------------------------------------------------
@@ -274,6 +348,10 @@ def test_runs_under_different_threat_models_are_flagged(tmp_path, capsys) -> Non
     ("name,n,accuracy\nA,512,50\n", "a leaderboard needs at least 2 entries, got 1"),
     ("name,n,accuracy\nA,512,50\nA,512,40\n", "entry names must be distinct; repeated: A"),
     ("name,n,accuracy,records\nA,512,50,nope.csv\nB,512,40,\n", "records file"),
+    ("name,n,accuracy,threat\nA,512,50,Linf8\nB,512,40,\n", "line 2: threat model 'Linf8': expected [KIND:]NORM:EPS"),
+    ("name,n,accuracy,norm,eps\nA,512,50,Linf,\nB,512,40,,\n", "line 2: norm and eps declare an lp ball together"),
+    ("name,n,accuracy,threat,eps\nA,512,50,Linf:1,1\nB,512,40,,\n", "either in a threat column"),
+    ("name,n,accuracy,dataset\nA,512,50,imagenet\nB,512,40,\n", "dataset 'imagenet' is not one the harness"),
 ])
 def test_bad_csv_is_one_line_naming_what_is_accepted(tmp_path, capsys, text, expect) -> None:
     code, out, err = _leaderboard(["--csv", str(_csv(tmp_path / "t.csv", text))], capsys)

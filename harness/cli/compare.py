@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.options import add_statistics_options
+from harness.errors import UsageError
 
 COMMAND = "compare"
 HELP = "paired comparison of two runs (difference, interval, McNemar p)"
@@ -19,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "accuracy difference and the exact McNemar test. Runs with different "
                                           "attack budgets are refused unless --allow-mismatch.")
     p.add_argument("run_a", type=Path, metavar="RUN_A")
-    p.add_argument("run_b", type=Path, metavar="RUN_B")
+    p.add_argument("run_b", type=Path, metavar="RUN_B", nargs="?",
+                   help="the second run (given a folder of run directories, compare lists them with the command)")
     p.add_argument("--attack", default="worst-case", help="column to compare: clean, an attack name, or worst-case")
     p.add_argument("--attack-b", default=None,
                    help="column of RUN_B if different from --attack (RUN_B may equal RUN_A to compare two attacks; "
@@ -34,11 +36,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _two_runs(run_a: Path, run_b: Path | None) -> None:
+    """Refuse a folder of run directories, or a single run, naming the runs and the command that compares two."""
+    from harness.store.locate import expand, runs_in
+
+    for folder in (run_a, run_b):
+        found = runs_in(folder) if folder is not None else []
+        if folder is not None and not found:
+            expand([folder])  # a folder of folders of runs is refused naming them
+        if found:
+            names = ", ".join(p.name for p in found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+            first, second = (found * 2)[:2] if len(found) < 2 else found[:2]
+            raise UsageError(f"{folder} is a folder of {len(found)} run director{'y' if len(found) == 1 else 'ies'} "
+                             f"({names}); compare takes exactly two runs, e.g. `harness compare {first} {second}` "
+                             f"(`harness report {folder}` or `harness leaderboard {folder}` take them all)")
+    if run_b is None:
+        raise UsageError(f"compare takes two runs, RUN_A and RUN_B; got only {run_a} (give it twice with --attack "
+                         "and --attack-b to compare two of its columns)")
+
+
 def run(args: argparse.Namespace) -> int:
     from harness.reports.certified import certified_compare_text
-    from harness.reports.compare import BudgetMismatchError, compare_text
+    from harness.reports.comparable import BudgetMismatchError
+    from harness.reports.compare import compare_text
     from harness.store.rundir import RunKind, check_format
 
+    _two_runs(args.run_a, args.run_b)
     try:
         if RunKind.CERTIFY in (check_format(args.run_a), check_format(args.run_b)):
             text = certified_compare_text(args.run_a, args.run_b, radius=args.radius, allow_mismatch=args.allow_mismatch,

@@ -52,6 +52,8 @@ FORMAT_VERSION = 2
 # versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran)
 READABLE_VERSIONS = (1, 2)
 FORMAT_FILE = "format.json"
+RUN_DIRECTORY = (f"a run directory is OUT/RUN-ID/ as `harness run` or `harness certify` writes it, holding "
+                 f"{FORMAT_FILE}, config.toml and records/")
 FORMAT_NAME = "robustness-harness run"
 
 
@@ -325,10 +327,13 @@ def check_format(run_dir: str | Path, kind: RunKind | None = None) -> RunKind:
     if not Path(run_dir).is_dir():
         raise MissingInputError(f"run directory {str(run_dir)!r} does not exist (expected <out>/<run-id>/ from "
                                 "`harness run`)")
+    if not path.is_file() and (Path(run_dir) / "config.toml").is_file():
+        raise RunFormatError(f"{str(path)!r} is missing: {str(run_dir)!r} holds a config.toml but was written before "
+                             f"run-format versioning (this harness reads format version {FORMAT_VERSION}); rerun its "
+                             "settings into another --run-id or --out")
     if not path.is_file():
-        raise RunFormatError(f"{str(path)!r} is missing: {str(run_dir)!r} is not a run directory of this harness, or "
-                             f"was written before run-format versioning (this harness reads format version "
-                             f"{FORMAT_VERSION}); delete it, or rerun into another --run-id or --out")
+        raise RunFormatError(f"{str(run_dir)!r} is not a run directory and holds none ({FORMAT_FILE} is missing): "
+                             f"{RUN_DIRECTORY}")
     data = _read_json(path)
     version = data.get("version") if isinstance(data, dict) else None
     if version not in READABLE_VERSIONS:
