@@ -111,3 +111,17 @@ def test_a_stochastic_defense_is_one_declared_so_or_evaluated_with_several_draws
     assert not describe_run(_run_data({"n": 8})).stochastic
     assert describe_run(_run_data({"n": 8}, {"defense": {"stochastic": True}})).stochastic
     assert describe_run(_run_data({"n": 8, "eval_repeats": 3})).stochastic
+
+
+@pytest.mark.slow  # reads the 10,000-image records
+def test_the_readme_sample_shows_the_description_report_prints(capsys):
+    """The README's sample output of the shipped 10,000-image runs: its description line and rows are what
+    `harness report` prints now."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("== all 10,000 test images, from the shipped records in results/cifar10-linf ==\n")[1]
+    quoted = [line for line in block.split("```")[0].splitlines() if line.startswith(("Threat model:", "| "))]
+    assert quoted[0].startswith("Threat model: ℓ∞ ball, ε = 8/255.") and len(quoted) == 3
+    shipped = ROOT / "results" / "cifar10-linf"
+    assert main(["report", str(shipped / "at-small"), str(shipped / "a3-small")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert all(line in printed for line in quoted)
