@@ -39,7 +39,8 @@ class RunDescription:
     selection: str
 
     def threat_text(self) -> str:
-        """``ℓ∞ ball, ε = 8/255``; ``low-frequency band max(u, v) < 8, ℓ2 ε = 1``; ``common corruptions ...``."""
+        """``ℓ∞ ball, ε = 8/255``; ``low-frequency band (DCT frequencies max(u, v) < 8 per channel), ℓ2 ε = 1``;
+        ``common corruptions (all 15 CIFAR-10-C) at severities 1, 2, 3, 4, 5, no attack``."""
         t = self.threat
         if t.kind == "corruptions":
             which = (f"all {len(CORRUPTIONS)} CIFAR-10-C" if set(self.corruptions) == set(CORRUPTIONS)
@@ -71,9 +72,9 @@ class RunDescription:
         """The description as flat values: the CSV's columns and the JSON's fields (``eps_text`` is ε as the
         tables write it, ``8/255``; ``eps`` the number)."""
         t = self.threat
-        lp = t.kind != "corruptions"
-        return {"threat": t.kind, "norm": t.norm if lp else None, "eps": t.eps if lp else None,
-                "eps_text": describe_eps(t.eps) if lp else None, "band": t.band,
+        sized = t.kind != "corruptions"  # a set of perturbations with a norm and a size
+        return {"threat": t.kind, "norm": t.norm if sized else None, "eps": t.eps if sized else None,
+                "eps_text": describe_eps(t.eps) if sized else None, "band": t.band,
                 "corruptions": list(self.corruptions) or None, "severities": list(self.severities) or None,
                 "battery": self.battery, "attacks": list(self.attacks), "escalations": list(self.escalations),
                 "R": self.draws, "stochastic": self.stochastic, "selection": self.selection}

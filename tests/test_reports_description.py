@@ -77,6 +77,16 @@ def test_the_criterion_is_stated_for_a_stochastic_defense_only(capsys, tmp_path,
     assert CRITERION in stochastic and "R = 10 evaluation draws per input (stochastic defense)" in stochastic
 
 
+def test_a_corruptions_report_names_its_corruption_set(capsys, tmp_path):
+    run = ROOT / "results" / "cifar10-corruptions" / "diffpure-ddpm"  # all 15 corruptions at 5 severities, R = 10
+    text = _report(capsys, run, "markdown", tmp_path)
+    assert text.startswith("Threat model: common corruptions (all 15 CIFAR-10-C) at severities 1, 2, 3, 4, 5, no "
+                           "attack.") and "R = 10 evaluation draws" in text and CRITERION in text
+    first = next(csv.DictReader(io.StringIO(_report(capsys, run, "csv", tmp_path))))
+    assert (first["threat"], first["severities"], first["R"]) == ("corruptions", "1 2 3 4 5", "10")
+    assert len(first["corruptions"].split()) == 15 and first["eps"] == ""
+
+
 def test_rows_that_differ_are_described_per_row_and_shared_values_once(capsys, tmp_path):
     a = write_synthetic_run(tmp_path / "a", defense="none", n=64, robust=[("pgd", 0.5)], seed=1)
     b = write_synthetic_run(tmp_path / "b", defense="other", n=64, robust=[("pgd", 0.5)], seed=1, eps=4 / 255)
