@@ -22,6 +22,7 @@ from harness.errors import UsageError
 from harness.sources.corruptions import cell_name
 from harness.stats.intervals import RESOLVABLE_TAIL, Interval
 
+from .csv_table import DESCRIPTION, csv_value
 from .outcomes import CRITERION_TEXT
 from .table import Row, Table, cell_interval, flag_notes, interval_text, pct
 
@@ -78,13 +79,14 @@ def _note(table: Table) -> str:
             f"{s.confidence * 100:g}% interval over samples: BCa[low, high] = BCa bootstrap ({s.n_resamples:,} "
             f"resamples, seed {s.seed}) when at least {RESOLVABLE_TAIL} samples score above 0, {RESOLVABLE_TAIL} "
             f"below 1 and {RESOLVABLE_TAIL} differ from the most common score; otherwise CP[low, high] = exact "
-            "Clopper-Pearson, or for fractional scores (the means) CPb[low, high] = Clopper-Pearson bounds. "
-            f"Stochastic criterion: {CRITERION_TEXT[s.criterion]}.")
+            "Clopper-Pearson, or for fractional scores (the means) CPb[low, high] = Clopper-Pearson bounds."
+            + (f" Stochastic criterion: {CRITERION_TEXT[s.criterion]}." if table.stochastic else ""))
 
 
 def render_markdown(table: Table) -> str:
     summaries = [summarize(row, table) for row in table.rows]
-    lines = ["| defense | n | R | clean | mean corruption accuracy | stages | flags |", "|---|---|---|---|---|---|---|"]
+    lines = [table.description(), "", "| defense | n | R | clean | mean corruption accuracy | stages | flags |",
+             "|---|---|---|---|---|---|---|"]
     for sm in summaries:
         r = sm.row
         lines.append(f"| {r.label} | {r.n} | {r.draws} | {interval_text(sm.clean)} | {interval_text(sm.mean)} | "
@@ -128,17 +130,20 @@ def render_json(table: Table) -> str:
 
 
 CSV_HEADER = ["run", "defense", "dataset", "n", "criterion", "corruption", "severity", "accuracy", "low", "high",
-              "method", "cell"]
+              "method", "cell", *DESCRIPTION]
 
 
 def render_csv(table: Table) -> str:
     """Long format: one line per run and number; ``corruption`` = ``clean``, a corruption, or ``all``, ``severity``
-    = 1-5 or ``all`` (``all``/``all``: the mean corruption accuracy)."""
+    = 1-5 or ``all`` (``all``/``all``: the mean corruption accuracy); then the run's description columns, as in
+    :mod:`.csv_table`."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for row in table.rows:
         sm = summarize(row, table)
+        described = row.description.fields()
+        about = [csv_value(described[key]) for key in DESCRIPTION]
         numbers: list[tuple[str, str, Interval]] = [("clean", "", sm.clean)]
         numbers += [(c, str(k), iv) for (c, k), iv in sm.cells.items()]
         numbers += [(c, "all", iv) for c, iv in sm.by_corruption.items()]
@@ -146,7 +151,8 @@ def render_csv(table: Table) -> str:
         numbers.append(("all", "all", sm.mean))
         for corruption, severity, iv in numbers:
             writer.writerow([row.run.run_id, row.label, row.run.dataset, row.n, table.settings.criterion, corruption,
-                             severity, pct(iv.estimate), pct(iv.low), pct(iv.high), iv.method, interval_text(iv)])
+                             severity, pct(iv.estimate), pct(iv.low), pct(iv.high), iv.method, interval_text(iv),
+                             *about])
     return buf.getvalue()
 
 

@@ -11,7 +11,7 @@ from html import escape
 
 from .plots import convergence_passes_plot, convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
 from .stochastic_section import HEADER, NOTE, stochastic_cells, stochastic_rows
-from .table import FLAG_MARK, Table, cell_text, columns_note, flag_notes, flagged, pct, planning_note
+from .table import FLAG_MARK, Table, cell_text, flag_notes, flagged, pct, planning_note
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
 table{border-collapse:collapse;margin:1em 0}th,td{border-bottom:1px solid #ccc;padding:.3em .6em;text-align:left;white-space:nowrap}
@@ -67,8 +67,8 @@ def _stochastic_html(table: Table) -> str:
 def render_html(table: Table) -> str:
     title = "Robustness report: " + ", ".join(r.run.run_id for r in table.rows)
     notes = "".join(f"<li>{escape(n)}</li>" for n in flag_notes(table))
-    parts = [f"<h1>{escape(title)}</h1>", _table_html(table), f'<ul class="flags">{notes}</ul>' if notes else "",
-             f"<p>{escape(table.settings.describe() + ' ' + columns_note(table))}</p>",
+    parts = [f"<h1>{escape(title)}</h1>", f'<p class="description">{escape(table.description())}</p>',
+             _table_html(table), f'<ul class="flags">{notes}</ul>' if notes else "", f"<p>{escape(table.legend())}</p>",
              f"<p>{escape(planning_note(table))}</p>", _stochastic_html(table), "<h2>Plots</h2>",
              _img(forest_plot(table), "forest plot",
                   "Accuracy with its headline interval (method as in the table) per defense and attack.")]

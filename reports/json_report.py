@@ -4,6 +4,13 @@ Schema (fractions in [0, 1])::
 
     {"run": str, "defense": str, "dataset": str, "n": int,
      "criterion": "all" | "majority" | "mean",          # extension: stochastic criterion shown
+     "threat_model": {"kind": "lp" | "lowfreq" | "corruptions", "norm": "Linf" | "L2" | "L1" | null,
+                      "eps": float | null, "eps_text": "8/255" | null, "band": int | null,
+                      "corruptions": [str, ...] | null, "severities": [int, ...] | null},
+     "battery": str, "attacks": [str, ...], "escalations": [str, ...],   # the battery as named; its entries
+     "R": int, "stochastic": bool,                       # evaluation draws per input; a stochastic defense
+     "selection": str,                                   # how the n images were chosen, in words
+     "description": str,                                 # all of the above in one sentence, as the tables write it
      "rows": [{"attack": "clean" | <attack name> | "worst-case",
                "accuracy": float, "ci_low": float, "ci_high": float,
                "ci_method": "bootstrap-bca" | "clopper-pearson" | "clopper-pearson-bounds" | "bootstrap-percentile",
@@ -21,7 +28,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .description import table_description
 from .table import Row, Table
+
+THREAT_KEYS = ("norm", "eps", "eps_text", "band", "corruptions", "severities")  # with "kind": the threat model
 
 
 def run_object(row: Row, table: Table) -> dict[str, Any]:
@@ -36,8 +46,12 @@ def run_object(row: Row, table: Table) -> dict[str, Any]:
 
     explained = [{"code": code, "meaning": EXPLANATIONS[FlagCode(code)].meaning,
                   "remedy": EXPLANATIONS[FlagCode(code)].remedy, "docs": f"{DOCS}#{code}"} for code in row.flags]
+    described = row.description
+    fields = described.fields()
+    threat = {"kind": fields.pop("threat"), **{k: fields.pop(k) for k in THREAT_KEYS}}
     return {"run": row.run.run_id, "defense": row.label, "dataset": row.run.dataset, "n": row.n,
-            "criterion": table.settings.criterion, "rows": rows, "flags": explained}
+            "criterion": table.settings.criterion, "threat_model": threat, **fields,
+            "description": table_description([(row.label, described)]), "rows": rows, "flags": explained}
 
 
 def render_json(table: Table) -> str:

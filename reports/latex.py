@@ -3,10 +3,11 @@ them), each cell the accuracy with its one headline interval in small type (``62
 a less-or-equal sign before an accuracy that is only an upper bound. The Wilson interval is in the other formats."""
 from __future__ import annotations
 
-from .table import METHOD_TAGS, Table, columns_note, flag_notes, pct
+from .table import METHOD_TAGS, Table, flag_notes, pct
 
 _ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-            "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "≤": r"$\le$"}
+            "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "≤": r"$\le$",
+            "ℓ": r"$\ell$", "∞": r"$\infty$", "ε": r"$\varepsilon$"}
 
 
 def escape(text: str) -> str:
@@ -31,7 +32,7 @@ def render_latex(table: Table) -> str:
         name = escape(row.label) + (r"$^\dagger$" if row.flags else "")
         lines.append(" & ".join([name, str(row.n), *[_cell(table, row, c) for c in table.columns]]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    caption = escape(table.settings.describe(wilson=False) + " " + columns_note(table))
+    caption = escape(table.description() + " " + table.legend(wilson=False))
     flagged = [f"{escape(r.label)}: {escape(', '.join(r.flags))}" for r in table.rows if r.flags]
     if flagged:
         caption += r" $^\dagger$Flags: " + "; ".join(flagged) + "."

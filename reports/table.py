@@ -16,6 +16,7 @@ from harness.stats.intervals import RESOLVABLE_TAIL, Interval, headline_interval
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, sequence_interval
 
+from .description import RunDescription, describe_run, table_description
 from .load import RunData, load_run
 from .outcomes import (
     CRITERION_TEXT,
@@ -27,7 +28,7 @@ from .outcomes import (
     outcome_table,
     stage_flags,
 )
-from .threat_check import check_one_threat_model, threat_note
+from .threat_check import check_one_threat_model
 
 # Short names of the interval methods, written before the brackets of every cell: BCa[low, high].
 METHOD_TAGS = {"bootstrap-bca": "BCa", "bootstrap-percentile": "pct", "clopper-pearson": "CP",
@@ -43,8 +44,9 @@ class Settings:
     seed: int = 0
     n_resamples: int = 10_000
 
-    def describe(self, wilson: bool = True) -> str:
-        """The intervals and criterion in words (``wilson``: the cells also show the Wilson interval)."""
+    def describe(self, wilson: bool = True, stochastic: bool = True) -> str:
+        """The intervals and, for a table with a ``stochastic`` defense, the criterion in words (``wilson``: the
+        cells also show the Wilson interval)."""
         pct = f"{self.confidence * 100:g}%"
         k = RESOLVABLE_TAIL
         w = f"; W[low, high] = {pct} Wilson score interval" if wilson else ""
@@ -54,8 +56,8 @@ class Settings:
                 f"Clopper-Pearson interval, or for fractional scores CPb[low, high] = Clopper-Pearson bounds (lower "
                 f"end from the samples scoring 1, upper end from those scoring above 0){w}. A leading ≤ (flag {UPPER_BOUND_FLAG}) marks an upper bound: the records skipped a "
                 f"sample that still had correct draws, so the worst case may be lower. Worst-case = per sample the "
-                f"lowest score over the clean stage and every attempted attack. "
-                f"Stochastic criterion: {CRITERION_TEXT[self.criterion]}.")
+                f"lowest score over the clean stage and every attempted attack."
+                + (f" Stochastic criterion: {CRITERION_TEXT[self.criterion]}." if stochastic else ""))
 
 
 @dataclass
@@ -86,12 +88,30 @@ class Row:
     def flags(self) -> list[str]:
         return sorted({f for c in self.cells.values() for f in c.flags})
 
+    @property
+    def description(self) -> RunDescription:
+        """The run's threat model, battery, R, dataset, n and image choice (:mod:`.description`)."""
+        return describe_run(self.run, self.n)
+
 
 @dataclass
 class Table:
     columns: list[str]  # "clean", attacks in order of first appearance, "worst-case"
     rows: list[Row]
     settings: Settings
+
+    @property
+    def stochastic(self) -> bool:
+        """Some row is a stochastic defense (or was evaluated with R > 1 draws): the criterion matters."""
+        return any(row.description.stochastic for row in self.rows)
+
+    def description(self) -> str:
+        """What the rows were evaluated under, once where they agree (:func:`.description.table_description`)."""
+        return table_description([(row.label, row.description) for row in self.rows])
+
+    def legend(self, wilson: bool = True) -> str:
+        """The intervals, the criterion where it matters, and what the columns mean."""
+        return self.settings.describe(wilson, self.stochastic) + " " + columns_note(self)
 
 
 def cell_interval(values: np.ndarray, s: Settings) -> Interval:
@@ -198,9 +218,8 @@ def flag_notes(table: Table) -> list[str]:
     return lines
 
 
-def columns_note(table: Table, threats: bool = True) -> str:
-    """What an attack column means for these rows (cascade: cumulative; --every-attack: alone), and with
-    ``threats`` their threat model where it is not the usual one (:func:`.threat_check.threat_note`)."""
+def columns_note(table: Table) -> str:
+    """What an attack column means for these rows (cascade: cumulative; --every-attack: alone)."""
     alone = [r.label for r in table.rows if not r.cumulative]
     text = ("Attack columns: robust accuracy against all attacks up to that one in battery order (cascade: "
             "worst case so far)")
@@ -221,7 +240,7 @@ def columns_note(table: Table, threats: bool = True) -> str:
                      f"{seq['population']:,} samples: its intervals are anytime-valid confidence sequences, CS[low, "
                      "high], which hold at a data-dependent stop; a fixed-n interval would not. "
                      + _scope_sentence(seq))
-    return text + (threat_note(table.rows) if threats else "")
+    return text
 
 
 def _scope_sentence(seq: dict) -> str:

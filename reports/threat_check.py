@@ -1,10 +1,8 @@
 """A report table holds runs of one threat model: :func:`check_one_threat_model` refuses runs that differ in kind,
-norm or band (ε may differ, as in the HTML report's ε plot; :func:`threat_note` then says each row's ε). A run's
+norm or band (ε may differ, as in the HTML report's ε plot; the table's description then says each row's ε). A run's
 threat model is read from its config (``harness.api.threatspec.ThreatSpec``: kind, norm, ε, band; a run made before
 ``threat`` existed is ``lp``)."""
 from __future__ import annotations
-
-from typing import Any
 
 from harness.api.threatspec import ThreatSpec
 from harness.errors import UsageError
@@ -26,13 +24,3 @@ def check_one_threat_model(runs: list[RunData]) -> None:
                          "threat model (their eps may differ); report each threat model separately, or one defense "
                          "under several with `harness threats`")
 
-
-def threat_note(rows: list[Any]) -> str:
-    """The threat model of a table's rows (``Row``: ``run`` and ``label``) when it is not an ℓp ball or ε differs
-    between rows; '' otherwise (the usual table needs no such note)."""
-    specs = [run_threat(row.run) for row in rows]
-    if not specs or all(s.kind == "lp" for s in specs) and len({s.eps for s in specs}) == 1:
-        return ""
-    if len(set(specs)) == 1:
-        return f" Threat model: {specs[0].describe()} (docs/threat-models.md)."
-    return " Threat models: " + "; ".join(f"{row.label}: {s.describe()}" for row, s in zip(rows, specs)) + "."

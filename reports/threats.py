@@ -57,7 +57,7 @@ def threats_text(runs: list[tuple[ThreatSpec, RunData]], fmt: str = "markdown",
         lines.append(f"| {row.label} | {row.n} | {cell_text(row.cells['clean'])} | {cell_text(row.cells[WORST])} | "
                      f"{_attacks_text(row)} | {', '.join(row.flags) or '-'} |")
     table = Table(columns=["clean", WORST], rows=[row for _, row in rows], settings=s)
-    lines += ["", s.describe() + " " + columns_note(table, threats=False), "",
+    lines += ["", s.describe(stochastic=table.stochastic) + " " + columns_note(table), "",
               "Runs: " + "; ".join(f"{row.label}: {row.run.path}" for _, row in rows)]
     return "\n".join(lines) + "\n"
 

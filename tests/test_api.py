@@ -103,6 +103,21 @@ def test_bad_options_fail_in_one_line_before_any_work(tiny_data_root, tmp_path):
     assert not out.exists()
 
 
+def test_a_large_eps_is_refused_naming_the_keywords(tiny_data_root, tmp_path):
+    """The refusal of an eps past the centre of the input box speaks of evaluate's keywords, not of flags."""
+    out = tmp_path / "out"
+    for call in (_evaluate, lambda root, out, **kw: harness.estimate(_tiny(), "pgd", data_root=str(root),
+                                                                     out=str(out), **{**OPTS, **kw})):
+        with pytest.raises(harness.ConfigError) as caught:
+            call(tiny_data_root, out, eps=8.0)
+        text = str(caught.value)
+        assert text.startswith("eps=8 under Linf") and "8/255" in text and "allow_large_eps=True" in text
+        assert "--" not in text
+    assert not out.exists()
+    result = _evaluate(tiny_data_root, out, eps=8.0, allow_large_eps=True, n=4)
+    assert result.run.config["eps"] == 8.0 and result.description.threat_text() == "ℓ∞ ball, ε = 8"
+
+
 def test_estimate_takes_the_same_arguments(tiny_data_root, tmp_path):
     est = harness.estimate(_tiny(), "pgd", data_root=str(tiny_data_root), out=str(tmp_path / "out"), **OPTS)
     assert est.n == 48 and [s.name for s in est.stages][:2] == ["clean", "pgd"]

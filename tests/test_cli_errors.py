@@ -118,11 +118,27 @@ def test_out_pointing_to_a_file(factories, tiny_data_root, tmp_path, capsys):
     assert "--out" in line and "runs" in line and "is a file" in line and "directory" in line
 
 
-def test_eps_above_input_range_warns(factories, tiny_data_root, tmp_path, capsys):
+@pytest.mark.parametrize("norm, eps, hint", [("Linf", "8", "did you mean 8/255?"), ("Linf", "0.5", None),
+                                             ("L2", "128", "did you mean 128/255?"), ("L1", "2000", None)])
+def test_an_eps_that_reaches_every_image_is_refused_naming_255(factories, tiny_data_root, tmp_path, capsys, norm, eps,
+                                                               hint):
+    """A forgotten /255 (--eps 8 under Linf on [0, 1] images: the whole cube) is refused in one line before any work;
+    so is any eps at or past the centre of the input box (Linf 0.5, L2 27.7 and L1 1536 on 32x32x3 images)."""
+    flags = ["--defense", f"{factories}:make", "--attacks", "pgd", "--attack-opt", "steps=1", "--n", "2", "--norm",
+             norm, "--eps", eps, "--no-escalate"]
+    line = _one_line_error(*_run(flags, tiny_data_root, tmp_path, capsys))
+    assert f"--eps {eps} under {norm}" in line and "--allow-large-eps" in line and "measure nothing" in line
+    assert (hint in line) if hint else "/255?" not in line
+    assert not (tmp_path / "runs").exists()  # refused before anything ran
+
+
+def test_allow_large_eps_runs_it_anyway(factories, tiny_data_root, tmp_path, capsys):
     code, err = _run(["--defense", f"{factories}:make", "--attacks", "pgd", "--attack-opt", "steps=1", "--n", "2",
-                      "--eps", "8", "--no-escalate"], tiny_data_root, tmp_path, capsys)
+                      "--eps", "8", "--no-escalate", "--allow-large-eps"], tiny_data_root, tmp_path, capsys)
     assert code == 0, err
-    assert "eps = 8 under Linf" in err and "8/255" in err
+    (run,) = (tmp_path / "runs").iterdir()
+    config = (run / "config.toml").read_text()
+    assert "eps = 8.0" in config and "allow_large_eps = true" in config
 
 
 @pytest.fixture(scope="module")

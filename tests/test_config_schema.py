@@ -6,7 +6,17 @@ import math
 
 import pytest
 
-from harness.api.config import RunConfig, config_from_mapping, config_warnings, merge, read_config, write_config
+from harness.api.config import (
+    LargeEpsError,
+    RunConfig,
+    check_eps,
+    config_from_mapping,
+    config_warnings,
+    eps_limit,
+    merge,
+    read_config,
+    write_config,
+)
 from harness.errors import ConfigError
 
 
@@ -75,11 +85,38 @@ def test_read_back_config_names_the_file(tmp_path):
         read_config(path)
 
 
-def test_eps_above_the_input_range_warns():
-    assert config_warnings(RunConfig(eps=8 / 255)) == []
-    (warning,) = config_warnings(RunConfig(eps=8))
-    assert "eps = 8" in warning and "[0, 1]" in warning and "8/255" in warning
-    assert config_warnings(RunConfig(eps=8, norm="L2")) == []  # an l2 ball of radius 8 is a normal budget
+def test_eps_limit_is_where_every_ball_holds_the_centre_of_the_input_box():
+    d = 3 * 32 * 32
+    assert eps_limit("Linf", (0.0, 1.0), d) == 0.5
+    assert eps_limit("L2", (0.0, 1.0), d) == pytest.approx(math.sqrt(d) / 2)  # 27.7: half the box's diagonal
+    assert eps_limit("L1", (0.0, 1.0), d) == d / 2
+    assert eps_limit("Linf", (-1.0, 1.0), d) == 1.0  # half the width of the input range, whatever the bounds
+
+
+@pytest.mark.parametrize("norm, eps, refused", [("Linf", 8 / 255, False), ("Linf", 0.49, False), ("Linf", 0.5, True),
+                                                ("Linf", 8, True), ("L2", 8, False), ("L2", 27.8, True),
+                                                ("L1", 12, False), ("L1", 1536, True)])
+def test_check_eps_refuses_an_eps_past_the_limit_of_its_norm(norm, eps, refused):
+    cfg = RunConfig(eps=eps, norm=norm)
+    if refused:
+        with pytest.raises(LargeEpsError, match=f"--eps {eps:g} under {norm}.*--allow-large-eps"):
+            check_eps(cfg, (0.0, 1.0), 3 * 32 * 32)
+    else:
+        check_eps(cfg, (0.0, 1.0), 3 * 32 * 32)
+    check_eps(RunConfig(eps=eps, norm=norm, allow_large_eps=True), (0.0, 1.0), 3 * 32 * 32)  # the user confirmed
+
+
+def test_large_eps_refusal_names_the_flags_or_the_keywords():
+    with pytest.raises(LargeEpsError) as caught:
+        check_eps(RunConfig(eps=8), (0.0, 1.0), 3 * 32 * 32)
+    flags, keywords = str(caught.value), str(caught.value.for_keywords())
+    assert flags.startswith("--eps 8 under Linf is the whole input range [0, 1]") and "did you mean 8/255?" in flags
+    assert keywords.startswith("eps=8 under Linf") and "allow_large_eps=True" in keywords and "--" not in keywords
+    assert isinstance(caught.value.for_keywords(), ConfigError)
+
+
+def test_allow_large_eps_does_not_change_the_run_id():
+    assert RunConfig(eps=8, allow_large_eps=True).fingerprint() == RunConfig(eps=8).fingerprint()
 
 
 def test_classifier_dataset_mismatch_warns():

@@ -269,7 +269,8 @@ def test_reports_and_compare_refuse_lp_with_lowfreq_runs(tmp_path, capsys) -> No
     assert main(["compare", str(lp), str(low)]) == 2 and "\n" not in capsys.readouterr().err.strip()
     assert main(["compare", str(low), str(low4)]) == 3  # same kind, another band: a budget mismatch
     assert "attack: band = 8 in low but 4 in low4" in capsys.readouterr().err
-    assert "Threat model: lowfreq L2 ε=1 band=8" in render([low])  # a lowfreq table says what it measured
+    assert ("Threat model: low-frequency band (DCT frequencies max(u, v) < 8 per channel), ℓ2 ε = 1."
+            in render([low]))  # a lowfreq table says what it measured
 
 
 def test_records_written_before_the_threat_columns_read_as_lp(tmp_path) -> None:

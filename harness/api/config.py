@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id", "data_root", "download",
-                     "escalations")
+                     "escalations", "allow_large_eps")
 # fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
 # otherwise, so older run ids stay valid
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
@@ -51,6 +52,8 @@ class RunConfig:
     sample_seed: int | None = None
     eps: float = 8 / 255
     norm: str = "Linf"
+    # run although eps reaches the centre of the input box from every image (check_eps refuses it otherwise)
+    allow_large_eps: bool = False
     # the threat model: "lp" (the norm ball of radius eps), "lowfreq" (a low-frequency band of perturbations),
     # "corruptions" (fixed common corruptions, no optimization)
     threat: str = "lp"
@@ -169,14 +172,59 @@ def check_values(values: Mapping[str, Any], *, source: str | None) -> None:
         raise ConfigError("; ".join(problems))
 
 
+def eps_limit(norm: str, bounds: tuple[float, float], dimension: int) -> float:
+    """The smallest ε whose ``norm`` ball around every input in the box ``bounds`` (of ``dimension`` values)
+    holds the box's centre: half the width per value under Linf, that times sqrt(dimension) under L2 (half the
+    box's diagonal) and times the dimension under L1. From there on every image can be turned into the same image,
+    so at most the images of one class can count as robust: the robust accuracy says nothing about the defense."""
+    half = (bounds[1] - bounds[0]) / 2
+    scale: dict[str, float] = {"Linf": 1.0, "L2": math.sqrt(dimension), "L1": float(dimension)}
+    return half * scale[norm]
+
+
+class LargeEpsError(ConfigError):
+    """An ε that reaches the centre of the input box from every input (:func:`eps_limit`), not allowed by
+    ``allow_large_eps``; the message names the command-line flags, :meth:`for_keywords` the Python keywords."""
+
+    def __init__(self, eps: float, norm: str, bounds: tuple[float, float], limit: float) -> None:
+        self.eps, self.norm, self.bounds, self.limit = eps, norm, bounds, limit
+        super().__init__(self.text(keywords=False))
+
+    def text(self, *, keywords: bool) -> str:
+        eps = f"eps={self.eps:g}" if keywords else f"--eps {self.eps:g}"
+        allow = "allow_large_eps=True" if keywords else "--allow-large-eps"
+        low, high = (f"{b:g}" for b in self.bounds)
+        if self.norm == "Linf" and self.eps >= self.bounds[1] - self.bounds[0]:
+            what = f"is the whole input range [{low}, {high}]: every image is in every ball"
+        else:
+            what = (f"reaches the centre of the input box [{low}, {high}] from every image ({self.norm} ε >= "
+                    f"{self.limit:.4g}): every image can be turned into the same one")
+        hint = f"; did you mean {self.eps:g}/255?" if 1 <= self.eps <= 255 else ""
+        return (f"{eps} under {self.norm} {what}, so the robust accuracy would measure nothing{hint} (to evaluate "
+                f"it anyway: {allow})")
+
+    def for_keywords(self) -> "LargeEpsError":
+        """The same refusal naming the Python API's keywords (``eps=8``, ``allow_large_eps=True``)."""
+        error = LargeEpsError(self.eps, self.norm, self.bounds, self.limit)
+        error.args = (self.text(keywords=True),)
+        return error
+
+
+def check_eps(cfg: RunConfig, bounds: tuple[float, float], dimension: int) -> None:
+    """Refuse (:class:`LargeEpsError`) an ε at or beyond :func:`eps_limit` of its norm on inputs in ``bounds`` of
+    ``dimension`` values, unless ``cfg.allow_large_eps``: typically a forgotten ``/255``. A corruptions run has
+    no ε."""
+    if cfg.threat == "corruptions" or cfg.allow_large_eps:
+        return
+    limit = eps_limit(cfg.norm, bounds, dimension)
+    if cfg.eps >= limit:
+        raise LargeEpsError(cfg.eps, cfg.norm, bounds, limit)
+
+
 def config_warnings(cfg: RunConfig, trained_on: str | None = None) -> list[str]:
-    """Settings that are valid but almost certainly not meant: a budget covering the whole input
-    range, or a classifier trained on another dataset (``trained_on``) than the run evaluates."""
+    """Settings that are valid but almost certainly not meant: a classifier trained on another dataset
+    (``trained_on``) than the run evaluates. (A budget that covers the input range is refused: :func:`check_eps`.)"""
     out = []
-    if cfg.norm == "Linf" and cfg.eps >= 1:
-        hint = f"; did you mean {cfg.eps:g}/255?" if cfg.eps <= 255 else ""
-        out.append(f"eps = {cfg.eps:g} under Linf is not below the width of the input range [0, 1]: the ball holds "
-                   f"every image, so the robust accuracy measures nothing{hint}")
     if trained_on is not None and trained_on != cfg.dataset:
         out.append(f"the classifier was trained on {trained_on} but the run evaluates it on {cfg.dataset} (the class "
                    f"counts match, so nothing else stops this); pick --dataset {trained_on} or a {cfg.dataset} classifier")

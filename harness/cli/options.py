@@ -35,6 +35,9 @@ RUN_HELP: dict[str, str] = {
     "data_root": "data directory [default: $HARNESS_DATA, else ~/.cache/harness/data]",
     "download": "let torchvision download the dataset if missing",
     "eps": "perturbation budget, a number or a fraction like 8/255",
+    "allow_large_eps": "evaluate an --eps that reaches the centre of the input box from every image (Linf: half the "
+                       "input range, 0.5 on [0, 1] images; L2: half the box's diagonal; L1: half the range times the "
+                       "number of values), which is otherwise refused as a likely forgotten /255",
     "norm": "",
     "grad": "gradient mode through the purifier for every attack that does not fix its own [default: full]",
     "eot": "EOT draws per gradient for every attack that takes them (see docs/presets.md for the precedence) "

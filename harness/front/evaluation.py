@@ -14,7 +14,7 @@ import difflib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.api.config import FIELD_NAMES, RunConfig, merge
+from harness.api.config import FIELD_NAMES, LargeEpsError, RunConfig, merge
 from harness.errors import UsageError
 from harness.front.result import Result
 
@@ -77,7 +77,10 @@ def evaluate(defense: Defense | nn.Module | str, attacks: str | None = None, *, 
     if obj is not None and executor != "local":
         raise UsageError(f"executor {executor!r} builds the defense in each worker from its spec; a defense given as "
                          "an object runs with executor='local' (or give its name or file.py:factory spec)")
-    return run_config(cfg, obj, force_resume=force_resume, executor=executor)
+    try:
+        return run_config(cfg, obj, force_resume=force_resume, executor=executor)
+    except LargeEpsError as exc:  # the refusal names this function's keywords, not the command's flags
+        raise exc.for_keywords() from None
 
 
 def run_config(cfg: RunConfig, defense: Defense | None = None, **run_options: Any) -> Result:
@@ -97,7 +100,10 @@ def estimate(defense: Defense | nn.Module | str, attacks: str | None = None, *, 
     from harness.run.runner import estimate_run
 
     cfg, obj = _config(defense, attacks, config, options)
-    return estimate_run(cfg, obj)
+    try:
+        return estimate_run(cfg, obj)
+    except LargeEpsError as exc:
+        raise exc.for_keywords() from None
 
 
 def load(run_dir: str | Path, **settings: Any) -> Result:

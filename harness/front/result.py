@@ -19,6 +19,7 @@ from harness.api.flags import DOCS, EXPLANATIONS, FlagCode
 from harness.errors import UsageError
 from harness.reports import RunData, Settings, Table, build_table, load_run, render_table
 from harness.reports.compare import RunComparison, compare_runs
+from harness.reports.description import RunDescription
 from harness.reports.outcomes import WORST
 from harness.reports.table import Cell
 
@@ -71,6 +72,12 @@ class Result:
     def name(self) -> str:
         """The defense's label in tables."""
         return self._table.rows[0].label
+
+    @property
+    def description(self) -> RunDescription:
+        """What the run was evaluated under (threat model, battery, R, dataset, n, how the images were chosen), as
+        every table format states it; ``result.description.threat_text()`` gives ``ℓ∞ ball, ε = 8/255``."""
+        return self._table.rows[0].description
 
     @property
     def complete(self) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.api.config import RunConfig, check_values, config_warnings
+from harness.api.config import RunConfig, check_eps, check_values, config_warnings
 from harness.api.defense import Defense, create_defense
 from harness.api.threatspec import ThreatSpec
 from harness.battery.catalog import default_preset
@@ -58,6 +58,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, 
     if defense.num_classes != data.num_classes:
         raise UsageError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
                          f"{data.num_classes}; pick a matching --dataset or classifier")
+    check_eps(cfg, defense.bounds, int(np.prod(data.x.shape[1:])))  # a forgotten /255 fails before any work
     for warning in config_warnings(cfg, defense.trained_on):
         log.warning(warning)
     indices = select_indices(len(data), cfg.n, cfg.seed if cfg.sample_seed is None else cfg.sample_seed, cfg.indices)
