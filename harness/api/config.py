@@ -19,7 +19,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 import tomli_w
 
-from harness.api.frontend import FLAGS, FrontEnd  # noqa: F401  (FLAGS: the command line's names of options)
+from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
