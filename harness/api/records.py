@@ -1,8 +1,9 @@
 """The record columns of an attack run, each declared once: its Arrow type, what kind of fact it records, its value
 for a sample a stage did not attempt, and its documentation. The Parquet schema (:data:`SCHEMA`), the budget columns
 that ``harness compare`` matches (:data:`BUDGET_COLUMNS`), the timing columns it ignores (:data:`TIMING_COLUMNS`),
-the not-attempted rows of a stage (:func:`not_attempted`, :func:`null_unattempted`) and the column table of ``docs/results-format.md``
-(:func:`docs_table`, checked by the tests; ``python -m harness.api.records`` prints it) all come from here."""
+the not-attempted rows of a stage (:func:`not_attempted`; :func:`null_unattempted` for records of any version) and
+the column table of ``docs/results-format.md`` (:func:`docs_table`, checked by the tests; ``python -m
+harness.api.records`` prints it) all come from here."""
 from __future__ import annotations
 
 import math
