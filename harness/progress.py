@@ -1,8 +1,9 @@
 """The one output layer of library code: logging setup and tqdm progress bars.
 
 Library modules never ``print``; they log through :func:`get_logger` and show progress
-through :func:`progress_bar`. Bars are disabled when stderr is not a terminal or when the
-user asked for ``--quiet``, so logs and CI output stay clean.
+through :func:`progress_bar`. Bars are disabled when the user asked for ``--quiet`` (``quiet=True``), and on the
+command line when stderr is not a terminal, so logs and CI output stay clean; the Python API shows them wherever it
+runs (tqdm.auto: a widget in a notebook).
 """
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ class _TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
-def bars_enabled(quiet: bool = False) -> bool:
-    """Progress bars only on an interactive terminal and when not ``--quiet``."""
-    return not quiet and sys.stderr.isatty()
+def bars_enabled(quiet: bool = False, *, anywhere: bool = False) -> bool:
+    """Progress bars unless ``quiet``: on an interactive terminal, or ``anywhere`` (the Python API, whose user sees
+    no log lines: a notebook's stderr is no terminal)."""
+    return not quiet and (anywhere or sys.stderr.isatty())
 
 
 def progress_bar(total: int, desc: str, *, enabled: bool, position: int = 0, **kwargs: Any) -> tqdm:

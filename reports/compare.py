@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.api.frontend import FrontEnd
 from harness.errors import UsageError
 from harness.stats.paired import Comparison, compare_outcomes, compare_paired_scores
 from harness.stats.planning import discordance_rate, n_for_difference_paired
@@ -104,11 +105,12 @@ def compare_text(run_a: Path, run_b: Path, **options: Any) -> str:
 def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, attack: str = "worst-case",
                  attack_b: str | None = None, criterion: str = "all", allow_mismatch: bool = False,
                  confidence: float = 0.95, alpha: float = 0.05, seed: int = 0, n_resamples: int = 10_000,
-                 subset_k: int = 512) -> RunComparison:
+                 subset_k: int = 512, front: FrontEnd = FrontEnd.CLI) -> RunComparison:
     """Compare column ``attack`` of run A with column ``attack_b`` (default: the same) of run B (run
     directories, or runs already loaded).
 
-    RUN_B may be RUN_A to compare two attacks of one run (meaningful with ``--every-attack``).
+    RUN_B may be RUN_A to compare two attacks of one run (meaningful with ``--every-attack``). ``front``: whose
+    options these are, so a refusal names ``allow_mismatch`` as that user writes it.
     """
     check_criterion(criterion)
     attack_b = attack_b or attack
@@ -148,7 +150,7 @@ def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, at
         return RunComparison([*lines, same_run_line(why)], None, alpha)
     if problems and not allow_mismatch:
         raise BudgetMismatchError("refusing to rank runs with different attack budgets:\n  - " +
-                                  "\n  - ".join(problems) + "\npass --allow-mismatch to compare anyway")
+                                  "\n  - ".join(problems) + f"\npass {front.setting('allow_mismatch')} to compare anyway")
     for key, run in (("A", a), ("B", b)):
         seq = run.provenance.get("sequential")
         if isinstance(seq, dict):

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from harness.api.config import RunConfig
-from harness.api.records import COLUMNS
+from harness.api.records import COLUMNS, null_unattempted
 from harness.stats.scoring import stages, still_attackable, worst_case
 from harness.store.fingerprint import Fingerprint
 from harness.store.rundir import Plan, RunStore
@@ -68,7 +68,8 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
             alive &= still_attackable(correct_draws, finite) & attempted  # the runner's cascade rule
         else:
             alive &= correct_draws.all(axis=1)
-    return pd.DataFrame(rows)[COLUMNS]  # every declared record column, in schema order (KeyError if one is missing)
+    # every declared record column, in schema order (KeyError if one is missing); as the runner writes them
+    return null_unattempted(pd.DataFrame(rows)[COLUMNS])
 
 
 def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: str = "cifar10", shards: int = 2,

@@ -11,6 +11,7 @@ from torch import nn
 
 import harness
 from conftest import TinyCNN
+from harness.api.config import RunConfig, merge
 from harness.api.defense import Defense
 from harness.api.flags import FlagCode
 from harness.cli import main
@@ -98,7 +99,7 @@ def test_bad_options_fail_in_one_line_before_any_work(tiny_data_root, tmp_path):
         harness.evaluate(3.5)
     with pytest.raises(UsageError, match="executor='local'"):
         _evaluate(tiny_data_root, out, executor="ray")
-    with pytest.raises(harness.ConfigError, match="--eps"):
+    with pytest.raises(harness.ConfigError, match="eps"):
         _evaluate(tiny_data_root, out, eps=-1.0)
     assert not out.exists()
 
@@ -116,6 +117,46 @@ def test_a_large_eps_is_refused_naming_the_keywords(tiny_data_root, tmp_path):
     assert not out.exists()
     result = _evaluate(tiny_data_root, out, eps=8.0, allow_large_eps=True, n=4)
     assert result.run.config["eps"] == 8.0 and result.description.threat_text() == "ℓ∞ ball, ε = 8"
+
+
+@pytest.mark.parametrize(("option", "value", "error"), [
+    ("n", 0, "n must be"), ("eps", -1.0, "eps must be"), ("eval_repeats", 0, "eval_repeats must be"),
+    ("attack_opts", 3, "attack_opts must be"), ("norm", "Linfty", "norm must be")])
+def test_errors_name_the_keyword_argument_not_the_command_line_flag(tiny_data_root, tmp_path, option, value, error):
+    with pytest.raises(harness.ConfigError) as info:
+        _evaluate(tiny_data_root, tmp_path, **{option: value})
+    assert str(info.value).startswith(error) and "--" not in str(info.value)
+    flag = "--" + option.replace("_", "-") if option != "attack_opts" else "--attack-opt"
+    with pytest.raises(harness.ConfigError, match=f"^{flag} must be"):  # the command line names its flag
+        merge(RunConfig(), {option: value})
+
+
+def test_a_refused_comparison_names_the_keyword_that_allows_it(tiny_data_root, tmp_path):
+    from harness.reports.compare import BudgetMismatchError
+
+    a = _evaluate(tiny_data_root, tmp_path / "a")
+    b = _evaluate(tiny_data_root, tmp_path / "b", attack_opts={"steps": 3})
+    with pytest.raises(BudgetMismatchError) as info:
+        a.compare(b)
+    assert "pass allow_mismatch=True to compare anyway" in str(info.value) and "--allow-mismatch" not in str(info.value)
+    assert a.compare(b, allow_mismatch=True).comparison is not None
+
+
+def test_a_refused_comparison_on_the_command_line_names_the_flag(tiny_data_root, tmp_path, capsys):
+    a = _evaluate(tiny_data_root, tmp_path / "a")
+    b = _evaluate(tiny_data_root, tmp_path / "b", attack_opts={"steps": 3})
+    assert main(["compare", str(a.run_dir), str(b.run_dir)]) != 0
+    assert "pass --allow-mismatch to compare anyway" in capsys.readouterr().err
+
+
+def test_evaluate_shows_progress_bars_unless_quiet(tiny_data_root, tmp_path, capsys):
+    """Where stderr is not a terminal (a notebook, this test) the command line shows no bars; the API does."""
+    _evaluate(tiny_data_root, tmp_path / "loud", quiet=False)
+    err = capsys.readouterr().err
+    assert "pgd: 100%" in err and "48/48" in err  # the stage's bar over the run's 48 samples, finished
+    _evaluate(tiny_data_root, tmp_path / "quiet", quiet=True)
+    err = capsys.readouterr().err
+    assert "48/48" not in err and "pgd:" not in err
 
 
 def test_estimate_takes_the_same_arguments(tiny_data_root, tmp_path):

@@ -23,7 +23,7 @@ from harness.defenses.bit_depth import BitDepthReduction
 from harness.diagnostics import after_stage as diagnostics
 from harness.reports.outcomes import outcome_table, stage_flags
 from harness.run.stage import run_stage
-from harness.store.rundir import ResumeMismatchError, load_records
+from harness.store.rundir import FORMAT_VERSION, ResumeMismatchError, load_records
 from helpers_attacks import NUM_CLASSES, Quantize, attack_batch, tiny_cnn
 
 BATTERY = "pgd,apgd-ce,square,apgd-dlr"  # after pgd: gradient stages in the same (full) mode, and a gradient-free one
@@ -131,5 +131,5 @@ def test_format_1_records_still_read_but_not_resumed(tiny_data_root, tmp_path):
     after = load_records(run_dir)
     pd.testing.assert_frame_equal(after, before)
     assert np.all(after.skipped == "")
-    with pytest.raises(ResumeMismatchError, match="run format version 1.*writes version 2"):
+    with pytest.raises(ResumeMismatchError, match=rf"run format version 1.*writes version {FORMAT_VERSION}"):
         runner.run(_cfg(tiny_data_root, tmp_path, skip_dead_gradients=False), defense=_bits())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from harness.api.attack import AttackBudget
 from harness.api.passes import COUNTS
@@ -12,6 +13,7 @@ from harness.api.records import (
     BUDGET_COLUMNS,
     COLUMNS,
     MISSING,
+    NULLABLE,
     PASS_COLUMNS,
     RECORD_COLUMNS,
     ColumnKind,
@@ -47,5 +49,9 @@ def test_a_not_attempted_sample_gets_each_columns_declared_value() -> None:
     assert set(cols) == set(MISSING)
     assert cols["preds"] == [[], [], []] and not cols["attempted"].any() and cols["finite"].all()
     assert np.isnan(cols["loss"]).all() and (cols["time_s"] == 0).all()
+    # not attempted is not broken: the scores are null, never false / 0
+    assert {c.name for c in NULLABLE} == {"correct_all", "correct_majority", "correct_frac"}
+    assert pd.isna(cols["correct_all"]).all() and pd.isna(cols["correct_majority"]).all()
+    assert np.isnan(cols["correct_frac"]).all()
     never_missing = {c.name for c in RECORD_COLUMNS if c.missing is None}
     assert {c.name for c in RECORD_COLUMNS if c.kind in (ColumnKind.KEY, ColumnKind.BUDGET)} <= never_missing

@@ -95,7 +95,7 @@ def test_format_version_is_written_and_checked_on_load(tiny_data_root, tmp_path)
     assert fmt["version"] == FORMAT_VERSION
     assert json.loads((run_dir / "provenance.json").read_text())["format_version"] == FORMAT_VERSION
     (run_dir / "format.json").write_text(json.dumps({**fmt, "version": FORMAT_VERSION + 1}))
-    with pytest.raises(RunFormatError, match=rf"format\.json.*version {FORMAT_VERSION + 1}.*reads versions 1, {FORMAT_VERSION}"):
+    with pytest.raises(RunFormatError, match=rf"format\.json.*version {FORMAT_VERSION + 1}.*reads versions 1, 2, {FORMAT_VERSION}"):
         load_records(run_dir)
     from harness.reports import render
     with pytest.raises(RunFormatError, match="format.json"):

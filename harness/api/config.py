@@ -20,6 +20,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 import tomli_w
 
+from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
@@ -140,9 +141,6 @@ RULES: dict[str, Rule] = {
     "module_mode": Rule(choices=("eval", "train")),
     "about": Rule(choices=tuple(s.value for s in Scope)),
 }
-# command-line flags whose name is not --<key with dashes>
-FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate",
-         "skip_dead_gradients": "--no-skip-dead-gradients", "probe_gradients": "--no-gradient-probe"}
 
 
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:
@@ -150,12 +148,12 @@ def _schema() -> dict[str, tuple[Any, Rule, Any]]:
     return {f.name: (hints[f.name], RULES.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
 
 
-def check_values(values: Mapping[str, Any], *, source: str | None) -> None:
+def check_values(values: Mapping[str, Any], *, source: str | None, front: FrontEnd = FrontEnd.CLI) -> None:
     """Raise :class:`ConfigError` naming every value that does not fit the schema.
 
     ``source`` names where the values came from (a file: ``run.toml: key 'eps' must be ...``);
-    ``None`` means command-line flags (``--eps must be ...``). ``None`` values mean "default" where
-    the field's default is ``None``.
+    ``None`` means options of the front end ``front`` (``--eps must be ...`` on the command line, ``eps must be
+    ...`` from ``harness.evaluate``). ``None`` values mean "default" where the field's default is ``None``.
     """
     schema, problems = _schema(), []
     for key, value in values.items():
@@ -166,7 +164,7 @@ def check_values(values: Mapping[str, Any], *, source: str | None) -> None:
             continue
         msg = problem(value, hint, rule)
         if msg:
-            name = FLAGS.get(key, f"--{key.replace('_', '-')}") if source is None else f"{source}: key {key!r}"
+            name = front.option(key) if source is None else f"{source}: key {key!r}"
             problems.append(f"{name} {msg}")
     if problems:
         raise ConfigError("; ".join(problems))
@@ -282,15 +280,16 @@ def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunC
     return RunConfig(**data)
 
 
-def merge(base: RunConfig, overrides: dict[str, Any]) -> RunConfig:
-    """``base`` with every non-None override applied (dict options are merged, overrides winning)."""
+def merge(base: RunConfig, overrides: dict[str, Any], front: FrontEnd = FrontEnd.CLI) -> RunConfig:
+    """``base`` with every non-None override applied (dict options are merged, overrides winning); a value that
+    does not fit the schema is refused naming the option as ``front``'s user wrote it."""
     values = base.to_dict()
     for key, value in overrides.items():
         if value is None:
             continue
         if key not in FIELD_NAMES:
             raise ConfigError(f"unknown config key {key!r}; accepted: {', '.join(sorted(FIELD_NAMES))}")
-        check_values({key: value}, source=None)
+        check_values({key: value}, source=None, front=front)
         if isinstance(value, dict) and isinstance(values.get(key), dict):
             values[key] = {**values[key], **value}
         else:

@@ -1,8 +1,9 @@
 """The record columns of an attack run, each declared once: its Arrow type, what kind of fact it records, its value
 for a sample a stage did not attempt, and its documentation. The Parquet schema (:data:`SCHEMA`), the budget columns
 that ``harness compare`` matches (:data:`BUDGET_COLUMNS`), the timing columns it ignores (:data:`TIMING_COLUMNS`),
-the not-attempted rows of a stage (:func:`not_attempted`) and the column table of ``docs/results-format.md``
-(:func:`docs_table`, checked by the tests; ``python -m harness.api.records`` prints it) all come from here."""
+the not-attempted rows of a stage (:func:`not_attempted`; :func:`null_unattempted` for records of any version) and
+the column table of ``docs/results-format.md`` (:func:`docs_table`, checked by the tests; ``python -m
+harness.api.records`` prints it) all come from here."""
 from __future__ import annotations
 
 import math
@@ -11,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 
@@ -30,12 +32,14 @@ class Column:
     type: pa.DataType
     kind: ColumnKind
     doc: str  # columns with the same text share one row of the docs table
-    missing: Any = None  # the value where the stage did not attempt the sample (None: the stage always sets it)
+    missing: Any = None  # the value where the stage did not attempt the sample (None: the stage always sets it;
+    # NULL: null, so that no computation over the records can read "not attempted" as a score)
 
 
 _SAMPLE_KEYS = "shard number; stage number (0 = clean)"
 _SCORES = ("the stage's score under each criterion: correct in all R draws / in more than half / the fraction of "
-           "correct draws; false / 0 when any draw was non-finite or the sample was not attempted")
+           "correct draws; false / 0 when any draw was non-finite; null where the stage did not attempt the sample "
+           "(version 3; older records, which held false / 0 there, read as null)")
 _LOSS = "the attack's loss and logit margin at its answer (`margin` from the evaluation when the attack reports none)"
 _SIZE = "size of the evaluated perturbation (after any projection); NaN when not attempted"
 _PASSES = ("passes through the defense's networks counted by hooks, in images, for the stage's attack and evaluation, "
@@ -61,6 +65,7 @@ _K, _O, _T, _P, _B, _V = (ColumnKind.KEY, ColumnKind.OUTCOME, ColumnKind.TIMING,
                           ColumnKind.PROVENANCE)
 _I64, _F64, _BOOL, _STR = pa.int64(), pa.float64(), pa.bool_(), pa.string()
 NAN = math.nan
+NULL = pd.NA  # the declared missing value of a column that is null where the stage did not attempt the sample
 
 # in the order of the Parquet schema (records written by every version keep it)
 RECORD_COLUMNS: tuple[Column, ...] = (
@@ -75,9 +80,9 @@ RECORD_COLUMNS: tuple[Column, ...] = (
            "predicted class in each of the R evaluation draws (−1 where the logits were non-finite, −2 where the top "
            "logit was tied: neither is ever correct); the recorded verdict, which fresh instances of the defense "
            "confirmed ([the verdict](diagnostics.md#the-verdict-after-every-stage)); empty when not attempted", ()),
-    Column("correct_all", _BOOL, _O, _SCORES, False),
-    Column("correct_majority", _BOOL, _O, _SCORES, False),
-    Column("correct_frac", _F64, _O, _SCORES, 0.0),
+    Column("correct_all", _BOOL, _O, _SCORES, NULL),
+    Column("correct_majority", _BOOL, _O, _SCORES, NULL),
+    Column("correct_frac", _F64, _O, _SCORES, NULL),
     Column("finite", _BOOL, _O, "logits finite in every draw (non-finite is never robust)", True),
     Column("success", _BOOL, _O, "the attack's own verdict (the harness re-evaluates independently)", False),
     Column("loss", _F64, _O, _LOSS, NAN),
@@ -126,17 +131,48 @@ BUDGET_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORD_COLUMNS if c.kind
 TIMING_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORD_COLUMNS if c.kind is ColumnKind.TIMING)
 PASS_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORD_COLUMNS if c.kind is ColumnKind.PASSES)
 MISSING: dict[str, Any] = {c.name: c.missing for c in RECORD_COLUMNS if c.missing is not None}
+NULLABLE: tuple[Column, ...] = tuple(c for c in RECORD_COLUMNS if c.missing is NULL)
+
+
+def null_where(column: Column, values: Any, missing: Any) -> Any:
+    """``values`` of a :data:`NULLABLE` column with null where ``missing``: pandas' nullable boolean for a boolean
+    column (Parquet keeps the dtype), NaN for a float one (null in Parquet)."""
+    absent = np.asarray(missing, dtype=bool)
+    if pa.types.is_boolean(column.type):
+        return pd.arrays.BooleanArray(np.asarray(values, dtype=bool) & ~absent, absent.copy())
+    return np.where(absent, np.nan, np.asarray(values, dtype=float))
 
 
 def not_attempted(n: int) -> dict[str, Any]:
     """The per-sample columns of ``n`` samples a stage did not attempt (each column's declared ``missing`` value)."""
     out: dict[str, Any] = {}
-    for name, value in MISSING.items():
-        if isinstance(value, tuple):
-            out[name] = [list(value) for _ in range(n)]
-        else:
-            out[name] = np.full(n, value, dtype=bool if isinstance(value, bool) else float)
+    for column in RECORD_COLUMNS:
+        value = column.missing
+        if value is NULL:
+            out[column.name] = null_where(column, np.zeros(n), np.ones(n, dtype=bool))
+        elif isinstance(value, tuple):
+            out[column.name] = [list(value) for _ in range(n)]
+        elif value is not None:
+            out[column.name] = np.full(n, value, dtype=bool if isinstance(value, bool) else float)
     return out
+
+
+def null_unattempted(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` with every :data:`NULLABLE` column null on the rows whose stage did not attempt the sample
+    (``attempted`` false; the clean stage attempts every sample). Records written before format version 3 held
+    false / 0 there; the writer applies it too, so every record read or written says "not attempted" one way."""
+    if "attempted" not in records.columns:
+        return records
+    absent = ~records["attempted"].fillna(False).to_numpy(dtype=bool)
+    if "stage" in records.columns:
+        absent &= records["stage"].to_numpy() != 0
+    for column in NULLABLE:
+        if column.name in records.columns:
+            values = records[column.name]
+            known = ~values.isna().to_numpy(dtype=bool)
+            filled = values.to_numpy(dtype=float, na_value=0.0)
+            records[column.name] = null_where(column, filled, absent | ~known)
+    return records
 
 
 def docs_table() -> str:

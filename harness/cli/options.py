@@ -9,7 +9,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from harness.api.config import FLAGS, RULES, RunConfig
+from harness.api.config import RULES, RunConfig
+from harness.api.frontend import FrontEnd
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
 from harness.errors import UsageError
 from harness.sources.catalog import DATASETS, parse_indices
@@ -124,7 +125,7 @@ def add_config_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()
     for name, text in RUN_HELP.items():
         if name in exclude:
             continue
-        flag, rule, kind = FLAGS.get(name, "--" + name.replace("_", "-")), RULES.get(name), _base_type(hints[name])
+        flag, rule, kind = FrontEnd.CLI.option(name), RULES.get(name), _base_type(hints[name])
         default = getattr(defaults, name)
         hidden = "[default" in text or default is None or isinstance(default, bool) or default == {}
         shown = "" if hidden else f" [default: {_shown(name, default)}]"
@@ -154,7 +155,7 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     values = {name: getattr(args, name, None) for name in RUN_HELP}  # a field a command excluded: not given
     values["n"] = parse_n(values["n"]) if values["n"] is not None else None
     for name in ("defense_opts", "attack_opts"):
-        values[name] = parse_key_values(values[name], FLAGS[name]) or None
+        values[name] = parse_key_values(values[name], FrontEnd.CLI.option(name)) or None
     return values
 
 

@@ -5,8 +5,10 @@ front end); ``harness.estimate(...)`` prints what a run would cost. ``harness ru
 
 The options are the fields of :class:`~harness.api.config.RunConfig`, named as in a run's ``config.toml``
 (``harness run``'s options with underscores: ``eval_repeats=10`` for ``--eval-repeats 10``), checked by the same
-schema. One default differs from the command line: :func:`evaluate` keeps the adversarial examples
-(``save_adversarials=True``), which a notebook user usually wants to look at.
+schema; an error names the keyword argument (``n must be ...``), not the command line's flag. One default differs
+from the command line: :func:`evaluate` keeps the adversarial examples (``save_adversarials=True``), which a notebook
+user usually wants to look at. It shows progress bars (tqdm.auto: widgets in a notebook) wherever it runs, also where
+stderr is not a terminal; ``quiet=True`` turns them off.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.api.config import FIELD_NAMES, LargeEpsError, RunConfig, merge
+from harness.api.frontend import FrontEnd
 from harness.errors import UsageError
 from harness.front.result import Result
 
@@ -53,7 +56,7 @@ def _config(defense: Defense | nn.Module | str, attacks: str | None, config: Run
                          f"(registered name, file.py:factory, module:factory), got {type(defense).__name__}")
     if obj is not None and values.get("defense_opts"):
         raise UsageError("defense_opts are options of a defense built from its name; this defense is already built")
-    cfg = merge(config or RunConfig(), values)
+    cfg = merge(config or RunConfig(), values, FrontEnd.API)
     if attacks is not None or options.get("attack_opts"):
         cfg.battery = []  # resolved from the attacks named now, not from a battery in the base config
     return cfg, obj
@@ -71,14 +74,14 @@ def evaluate(defense: Defense | nn.Module | str, attacks: str | None = None, *, 
     ``device``, ...); ``config``: a base config the options override. Running the same evaluation again resumes it
     from its run directory (``out/run_id``); ``force_resume`` resumes although the defense or software changed.
     ``executor``: ``local`` or ``ray`` (a defense given as an object runs locally only: Ray workers build the
-    defense from its spec).
+    defense from its spec). Progress bars show while it runs (in a notebook too); ``quiet=True`` hides them.
     """
     cfg, obj = _config(defense, attacks, config, options)
     if obj is not None and executor != "local":
         raise UsageError(f"executor {executor!r} builds the defense in each worker from its spec; a defense given as "
                          "an object runs with executor='local' (or give its name or file.py:factory spec)")
     try:
-        return run_config(cfg, obj, force_resume=force_resume, executor=executor)
+        return run_config(cfg, obj, force_resume=force_resume, executor=executor, front=FrontEnd.API)
     except LargeEpsError as exc:  # the refusal names this function's keywords, not the command's flags
         raise exc.for_keywords() from None
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from harness.api.flags import DOCS, EXPLANATIONS, FlagCode
+from harness.api.frontend import FrontEnd
 from harness.errors import UsageError
 from harness.reports import RunData, Settings, Table, build_table, load_run, render_table
 from harness.reports.compare import RunComparison, compare_runs
@@ -156,7 +157,7 @@ class Result:
         b = other.run if isinstance(other, Result) else load_run(other)
         s = self.settings
         return compare_runs(self.run, b, criterion=s.criterion, confidence=s.confidence, seed=s.seed,
-                            n_resamples=s.n_resamples, **options)
+                            n_resamples=s.n_resamples, front=FrontEnd.API, **options)
 
     def __repr__(self) -> str:
         iv = self.interval()

@@ -28,7 +28,7 @@ from harness.api.config import RunConfig
 from harness.api.defense import create_defense
 from harness.diagnostics.preflight import Preflight
 from harness.errors import HarnessError, SetupError, UsageError
-from harness.progress import bars_enabled, progress_bar
+from harness.progress import progress_bar
 from harness.run._acceleration import resolve_device
 from harness.run._placement import Placed, place_checked
 from harness.run.phases import Phase
@@ -129,7 +129,7 @@ class RayExecutor:
             self._start()  # before the clock of the progress estimate starts
         ctx.progress.start_phase(str(phase), total * len(names), names)
         ctx.progress.skipped(skipped * len(names))
-        bar = progress_bar(total, f"{phase} ({', '.join(names)})", enabled=bars_enabled(ctx.cfg.quiet), initial=skipped)
+        bar = progress_bar(total, f"{phase} ({', '.join(names)})", enabled=ctx.show_bars, initial=skipped)
         try:
             if not todo:
                 return

@@ -17,6 +17,7 @@ import torch
 
 from harness.api.config import RunConfig, check_eps, check_values, config_warnings
 from harness.api.defense import Defense, create_defense
+from harness.api.frontend import FrontEnd
 from harness.api.threatspec import ThreatSpec
 from harness.battery.catalog import default_preset
 from harness.battery.presets import battery_decide_by, resolve_battery
@@ -46,9 +47,12 @@ log = get_logger("runner")
 LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a cost estimate when they start
 
 
-def prepare(cfg: RunConfig, defense: Defense | None = None) -> tuple[RunConfig, Defense, TestSet, list[int]]:
-    """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats)."""
-    check_values(vars(cfg), source=None)  # the config schema again: fields may have been set after construction
+def prepare(cfg: RunConfig, defense: Defense | None = None,
+            front: FrontEnd = FrontEnd.CLI) -> tuple[RunConfig, Defense, TestSet, list[int]]:
+    """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats); ``front``: whose
+    options the config holds, so errors name them as that user wrote them."""
+    # the config schema again: fields may have been set after construction
+    check_values(vars(cfg), source=None, front=front)
     cfg.band = ThreatSpec.from_config(cfg).band  # a threat model that does not fit (lowfreq under Linf) fails here
     if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
         torch.set_num_threads(cfg.threads)
@@ -121,7 +125,7 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
         shard_slice: tuple[int, int] | None = None, executor: str | Executor = "local", ray_address: str | None = None,
-        gpus_per_task: float | None = None, cpus_per_task: float | None = None) -> Path:
+        gpus_per_task: float | None = None, cpus_per_task: float | None = None, front: FrontEnd = FrontEnd.CLI) -> Path:
     """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
 
     A resume whose defense source or weights, data, package versions or harness code differ from
@@ -134,16 +138,20 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     incomplete; the slice that finds every shard done runs the escalation stages (if any) and completes the
     run. The records do not depend on the slicing: every shard's seeds are a function of (run seed, shard).
     ``executor``: where shards are computed, ``local`` or ``ray`` with its options (:mod:`harness.run.executors`).
+    ``front``: the front end that set the options (errors name them as its user wrote them; the Python API shows
+    progress bars also where stderr is not a terminal, a notebook).
     """
     run_id = validate_run_id(cfg.run_id) if cfg.run_id else None
     if cfg.until is not None and shard_slice is not None:
-        raise UsageError("--until evaluates shards in order and stops early; it cannot be split with --shard-slice")
+        raise UsageError(f"{front.option('until')} evaluates shards in order and stops early; it cannot be split with "
+                         f"{front.option('shard_slice')}")
     name = executor if isinstance(executor, str) else executor.name
     if name != "local" and (shard_slice is not None or cfg.until is not None):
-        raise UsageError(f"--executor {name} spreads every shard of the run over its workers; it cannot be combined "
-                         f"with {'--shard-slice' if shard_slice is not None else '--until'} (use --executor local)")
+        raise UsageError(f"{front.setting('executor', name)} spreads every shard of the run over its workers; it cannot "
+                         f"be combined with {front.option('shard_slice' if shard_slice is not None else 'until')} "
+                         f"(use {front.setting('executor', 'local')})")
     executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
-    cfg, defense, data, indices = prepare(cfg, defense)
+    cfg, defense, data, indices = prepare(cfg, defense, front)
     plan = Plan.split(indices, cfg.shard_size)
     selected = np.asarray(indices, dtype=np.int64)
     fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
@@ -171,7 +179,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     shards = plan.shards()
     mine = slice_shards(len(shards), shard_slice)
     ctx = RunShards(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards),
-                   probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful)
+                   probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful, front=front)
     ctx.corrupted = corrupted
     if est is not None:  # what a stage not timed yet in this run costs, for the time left
         ctx.progress.prior(est.priors())

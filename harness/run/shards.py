@@ -13,6 +13,7 @@ import torch
 
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.api.frontend import FrontEnd
 from harness.api.threatbuild import build_threat
 from harness.api.threatspec import PERTURBATION_KINDS, ThreatSpec
 from harness.battery.resolve import GradientProbe, resolve
@@ -41,7 +42,7 @@ class RunShards:
 
     def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
                  n_shards: int, *, probe: GradientProbe | None, verifier: Verifier | None,
-                 stateful: bool = False, defer_probes: bool = True) -> None:
+                 stateful: bool = False, defer_probes: bool = True, front: FrontEnd = FrontEnd.CLI) -> None:
         self.cfg, self.defense, self.data, self.store, self.device, self.n = cfg, defense, data, store, device, n
         self.n_shards, self.probe, self.verifier = n_shards, probe, verifier
         # a defense that keeps state is queried on a fresh instance per pass (harness.diagnostics.preflight)
@@ -52,13 +53,14 @@ class RunShards:
         spec = ThreatSpec.from_config(cfg)
         self.threat = build_threat(spec, defense.bounds) if spec.kind in PERTURBATION_KINDS else None
         self.defer_probes = defer_probes  # probed stages wait for their phases (False: run as any stage, for --estimate)
-        self.progress = StageLog(log, enabled=not cfg.quiet and not bars_enabled(cfg.quiet))  # lines instead of bars
+        self.show_bars = bars_enabled(cfg.quiet, anywhere=front is FrontEnd.API)  # progress bars, else log lines
+        self.progress = StageLog(log, enabled=not cfg.quiet and not self.show_bars)
 
     def bar(self, name: str) -> Any:
-        if not bars_enabled(self.cfg.quiet):
+        if not self.show_bars:
             return NoBar()
         if name not in self.bars:  # no per-bar time left: the postfix shows the phase's, weighted by stage cost
-            self.bars[name] = progress_bar(self.n, name, enabled=bars_enabled(self.cfg.quiet), position=len(self.bars),
+            self.bars[name] = progress_bar(self.n, name, enabled=True, position=len(self.bars),
                                            bar_format=BAR_FORMAT)
         return self.bars[name]
 

@@ -24,7 +24,7 @@ from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.flags import FlagCode
 from harness.api.passes import PassCount, counting
-from harness.api.records import MISSING, not_attempted
+from harness.api.records import MISSING, NULLABLE, not_attempted, null_where
 from harness.api.target import Target
 from harness.api.threat import Threat, check_data_in_bounds
 from harness.battery.resolve import GradientProbe, Resolved, resolve
@@ -126,12 +126,12 @@ def finish_stage(s: StageSetup, x: Tensor, robust_before: Tensor, result: Attack
     nan = torch.tensor(float("nan"))
     # attempted samples get the stage's values, the others the column's declared missing value (harness.api.records)
     col = lambda name, v, dtype: full(v, MISSING[name], dtype).cpu().numpy()  # noqa: E731
+    unattempted = ~robust_before.cpu().numpy()
     cols: dict[str, Any] = {
         "attempted": robust_before.cpu().numpy(),
         "preds": _preds_lists(ev.preds, idx, n),
-        "correct_all": col("correct_all", ev.correct_all, torch.bool),
-        "correct_majority": col("correct_majority", ev.correct_majority, torch.bool),
-        "correct_frac": col("correct_frac", ev.correct_frac, torch.float64),
+        **{c.name: null_where(c, full(getattr(ev, c.name), 0, torch.float64).cpu().numpy(), unattempted)
+           for c in NULLABLE},
         "finite": col("finite", ev.finite, torch.bool),
         "success": col("success", result.success, torch.bool),
         "loss": col("loss", result.loss.float() if result.loss is not None else nan.expand(n_att), torch.float64),

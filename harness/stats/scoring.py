@@ -103,7 +103,7 @@ def row_scores(records: pd.DataFrame, criterion: str | Criterion) -> np.ndarray:
     n = len(records)
     finite = records["finite"].to_numpy(dtype=bool) if "finite" in records.columns else np.ones(n, dtype=bool)
     if "preds" not in records.columns:
-        return stage_score(records["correct_all"].to_numpy(dtype=bool)[:, None], criterion, finite)
+        return stage_score(records["correct_all"].fillna(False).to_numpy(dtype=bool)[:, None], criterion, finite)
     if "label" not in records.columns:
         raise ValueError("records with 'preds' need the 'label' column to score the draws")
     preds = records["preds"].to_numpy(dtype=object)

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from harness import atomic
 from harness.api.config import RunConfig, read_config, write_config
 from harness.api.flags import check_codes
-from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS  # noqa: F401  (the record format, declared there)
+from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS, null_unattempted  # noqa: F401  (declared there)
 from harness.errors import HarnessError, MissingInputError, UsageError
 from harness.sources.corruptions import cell_name, cells
 from harness.stats.scoring import stages
@@ -48,9 +48,10 @@ from harness.store._locks import file_lock
 from harness.store._machine import hardware, load_average
 from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
 
-FORMAT_VERSION = 2
-# versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran)
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran); versions 1 and 2
+# hold false / 0 as the scores of samples a stage did not attempt (read as null, as version 3 writes them)
+READABLE_VERSIONS = (1, 2, 3)
 FORMAT_FILE = "format.json"
 RUN_DIRECTORY = (f"a run directory is OUT/RUN-ID/ as `harness run` or `harness certify` writes it, holding "
                  f"{FORMAT_FILE}, config.toml and records/")
@@ -308,7 +309,7 @@ class RunStore:
 
             with atomic.atomic_path(self.adv_dir / f"shard-{shard:05d}.pt") as tmp:
                 torch.save(adversarials, tmp)
-        table = pa.Table.from_pandas(records[schema.names], schema=schema, preserve_index=False)
+        table = pa.Table.from_pandas(_nulls(records[schema.names]), schema=schema, preserve_index=False)
         with atomic.atomic_path(self.shard_path(shard)) as tmp:
             pq.write_table(table, tmp, compression="zstd")  # records are committed: small beats fast here
 
@@ -378,11 +379,18 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     return df.sort_values([c for c in ("index", "stage") if c in df.columns], kind="stable").reset_index(drop=True)
 
 
+def _nulls(records: pd.DataFrame) -> pd.DataFrame:
+    """Attack records with the scores of samples a stage did not attempt null (version 3); other records as they are."""
+    return null_unattempted(records) if "stage" in records.columns else records
+
+
 def _upgrade(records: pd.DataFrame) -> pd.DataFrame:
     """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran);
     records written before the ``threat`` and ``band`` columns ran under an ℓp ball (``lp``, band 0), those before
-    ``eot_rule`` with a fixed EOT ("")."""
+    ``eot_rule`` with a fixed EOT (""); the scores of samples a stage did not attempt, false / 0 before version 3,
+    are null."""
     if "stage" in records.columns:
+        records = _nulls(records)
         records["skipped"] = records["skipped"].fillna("") if "skipped" in records.columns else ""
         if "threat" not in records.columns:
             records["threat"] = (records["stage"] != 0).map({True: "lp", False: ""})
