@@ -49,13 +49,13 @@ def _options(name: str, capsys) -> list[str]:
 
 
 @pytest.mark.parametrize("name, expect", [
-    ("apgd-ce", ["eps: float = 0.03137254901960784", "steps: int = 100", "restarts: int = 1", "rho: float = 0.75",
+    ("apgd-ce", ["eps: float = 0.03137254901960784 (8/255)", "steps: int = 100", "restarts: int = 1", "rho: float = 0.75",
                  "draws: int | None = None", "loss: str = 'ce'  (fixed)"]),
     ("apgd-l1", ["eps: float = 12.0", "norm: Norm = 'L1'  (fixed)"]),
     ("fab-t", ["targets: int = 9", "alpha_max: float = 0.1", "targeted: bool = True  (fixed)"]),
     ("autoattack-rand", ["version: Literal['standard', 'rand'] = 'rand'  (fixed)", "draws: int | None = None"]),
     ("bpda-eot", ["steps: int = 100", "schedule: str = 'cosine'", "eot_adaptive: bool = False"]),
-    ("torchattacks:PGD", ["alpha: float = 0.00784313725490196", "steps: int = 10", "random_start: bool = True",
+    ("torchattacks:PGD", ["alpha: float = 0.00784313725490196 (2/255)", "steps: int = 10", "random_start: bool = True",
                           "draws: int | None = None"]),
     ("cw-l2", ["c: float = 1.0", "kappa: float = 0.0", "steps: int = 100", "lr: float = 0.01"]),
     ("deepfool", ["steps: int = 50", "overshoot: float = 0.02"]),

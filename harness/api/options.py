@@ -33,7 +33,16 @@ class Option:
         text = self.name + (f": {self.kind}" if self.kind else "")
         if self.default is REQUIRED:
             return text + "  (required)"
-        return text + f" = {self.default!r}" + ("  (fixed)" if self.fixed else "")
+        return text + f" = {self.default!r}" + _fraction(self.default) + ("  (fixed)" if self.fixed else "")
+
+
+def _fraction(value: Any) -> str:
+    """`` (8/255)`` after a default that is a whole number of 255ths (an image budget), else ""."""
+    if isinstance(value, float) and 0 < value < 1 and len(repr(value)) > 8:
+        k = round(value * 255)
+        if abs(value - k / 255) < 1e-12:
+            return f" ({k}/255)"
+    return ""
 
 
 @dataclass(frozen=True)
