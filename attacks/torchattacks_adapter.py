@@ -57,9 +57,9 @@ class TorchAttack(Attack):
             raise ValueError(f"torchattack: unknown torchattacks class {cls!r}; accepted: {', '.join(names)}")
         klass = getattr(torchattacks, cls)
         params = inspect.signature(klass.__init__).parameters
-        accepted = options_of(TorchAttacksClass(cls))
-        unknown = accepted.unknown(options) if accepted is not None else []
-        if accepted is not None and unknown:
+        accepted = options_of(TorchAttacksClass(cls))  # the class's options and the harness's
+        unknown = accepted.unknown(options) if accepted else []
+        if accepted and unknown:
             raise ValueError(f"torchattacks:{cls} {accepted.refusal(unknown)}")
         if "eps" in params and math.isfinite(self.eps):
             options.setdefault("eps", self.eps)

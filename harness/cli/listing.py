@@ -9,8 +9,6 @@ import re
 import textwrap
 from typing import Any, Callable
 
-from harness.api.options import options_of
-
 COMMAND = "list"
 HELP = "list registered defenses, attacks or battery presets (with a name: its options)"
 
@@ -39,6 +37,8 @@ def summary(obj: object) -> str:
 def options(factory: Callable[..., Any]) -> list[str]:
     """``name: type = default`` for each keyword the factory takes (what the ``*-opt`` flags set), then what it
     passes on unread, if anything (``harness.api.options``)."""
+    from harness.api.options import options_of
+
     accepted = options_of(factory)
     if accepted is None:
         return []
