@@ -124,3 +124,14 @@ def test_a_preset_column_given_as_an_attack_says_which_entry_it_is(factory, tiny
     assert code == 0, err
     config = next((tmp_path / "runs").glob("*/config.toml")).read_text()
     assert "steps = 10" in config and 'loss = "ce"' in config
+
+
+def test_misspelt_option_in_the_python_api_is_refused_before_the_run(tiny_data_root, tmp_path):
+    import harness
+    from conftest import tiny_defense
+
+    with pytest.raises(harness.UsageError, match=r"battery entry 'pgd-ce' \(attack pgd\) has no option 'stepz' "
+                                                 r"\(did you mean steps, step_size\?\); accepted: eps, norm, steps"):
+        harness.evaluate(tiny_defense(), "quick", attack_opts={"pgd-ce.stepz": 3}, n=2, data_root=str(tiny_data_root),
+                         out=str(tmp_path / "runs"), device="cpu", quiet=True)
+    assert not (tmp_path / "runs").exists()
