@@ -12,9 +12,8 @@ deterministic ones (every draw would be identical); ``--eot``, a battery entry's
 """
 from __future__ import annotations
 
-from typing import Any
-
 from harness.api.attack import Capabilities, register_attack
+from harness.api.options import Variant
 
 from .pgd import PGD
 
@@ -26,16 +25,8 @@ class BPDAEOT(PGD):
     capabilities = Capabilities(fixed_grad_mode="bpda", supports_autocast=True, effort_option="steps")
 
 
-@register_attack("bpda-eot")
-def bpda_eot(**options: Any) -> BPDAEOT:
-    """PGD-100 with BPDA gradients, cosine step schedule, EOT-20 on stochastic defenses; options as ``pgd``."""
-    options.setdefault("steps", 100)
-    options.setdefault("schedule", "cosine")
-    return BPDAEOT(**options)
-
-
-@register_attack("pgd200-eot20")
-def pgd200_eot20(**options: Any) -> PGD:
-    """PGD-200 with EOT-20 on stochastic defenses; options as ``pgd``."""
-    options.setdefault("steps", 200)
-    return PGD(**options)
+register_attack("bpda-eot")(Variant(
+    BPDAEOT, "PGD-100 with BPDA gradients, cosine step schedule, EOT-20 on stochastic defenses; options as ``pgd``.",
+    defaults={"steps": 100, "schedule": "cosine"}))
+register_attack("pgd200-eot20")(Variant(PGD, "PGD-200 with EOT-20 on stochastic defenses; options as ``pgd``.",
+                                        defaults={"steps": 200}))

@@ -12,6 +12,7 @@ import logging
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
+from harness.api.options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import LIBRARY_CAPABILITIES, apgd_model, run_apgd
@@ -58,28 +59,9 @@ class APGD(Attack):
         return run_apgd(apgd, probe, self, target, x, y)
 
 
-@register_attack("apgd")
-def apgd(**options) -> APGD:
-    """APGD with ``loss`` as an option (default ``ce``)."""
-    return APGD(**options)
-
-
-@register_attack("apgd-ce")
-def apgd_ce(**options) -> APGD:
-    """APGD on the cross-entropy loss."""
-    return APGD(loss="ce", **options)
-
-
-@register_attack("apgd-dlr")
-def apgd_dlr(**options) -> APGD:
-    """APGD on the DLR loss (invariant to logit scaling)."""
-    return APGD(loss="dlr", **options)
-
-
-@register_attack("apgd-l1")
-def apgd_l1(**options) -> APGD:
-    """APGD-CE for ℓ1 (ε = 12 by default, as in Croce & Hein 2021) with the decreasing-ε schedule."""
-    options.setdefault("eps", 12.0)
-    if options.pop("norm", "L1") != "L1":
-        raise ValueError("apgd-l1 is the ℓ1 attack; run it with --norm L1 (and an ℓ1 eps such as 12)")
-    return APGD(loss="ce", norm="L1", **options)
+register_attack("apgd")(Variant(APGD, "APGD with ``loss`` as an option (default ``ce``)."))
+register_attack("apgd-ce")(Variant(APGD, "APGD on the cross-entropy loss.", fixed={"loss": "ce"}))
+register_attack("apgd-dlr")(Variant(APGD, "APGD on the DLR loss (invariant to logit scaling).", fixed={"loss": "dlr"}))
+register_attack("apgd-l1")(Variant(
+    APGD, "APGD-CE for ℓ1 (ε = 12 by default, as in Croce & Hein 2021) with the decreasing-ε schedule.",
+    fixed={"loss": "ce", "norm": "L1"}, defaults={"eps": 12.0}, hint="apgd-l1 is the ℓ1 attack; run it with --norm L1 (and an ℓ1 eps such as 12)"))

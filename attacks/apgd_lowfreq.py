@@ -21,6 +21,7 @@ from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities,
 from harness.api.losses import LossFn, get_loss
 from harness.api.losses import margin as margin_loss
 from harness.api.lowfreq import LowFrequency
+from harness.api.options import Variant
 from harness.api.target import Target
 from harness.api.threat import Threat
 from harness.api.threatspec import DEFAULT_BAND
@@ -130,19 +131,10 @@ class APGDLowFrequency(Attack):
         return torch.where(hit.view(shape), x_hit, x_best), hit, loss_best, trace
 
 
-@register_attack("apgd-lowfreq")
-def apgd_lowfreq(**options) -> APGDLowFrequency:
-    """APGD in the low-frequency band with ``loss`` as an option (default ``ce``)."""
-    return APGDLowFrequency(**options)
-
-
-@register_attack("apgd-lowfreq-ce")
-def apgd_lowfreq_ce(**options) -> APGDLowFrequency:
-    """APGD in the low-frequency band on the cross-entropy loss."""
-    return APGDLowFrequency(loss="ce", **options)
-
-
-@register_attack("apgd-lowfreq-dlr")
-def apgd_lowfreq_dlr(**options) -> APGDLowFrequency:
-    """APGD in the low-frequency band on the DLR loss (invariant to logit scaling)."""
-    return APGDLowFrequency(loss="dlr", **options)
+register_attack("apgd-lowfreq")(Variant(
+    APGDLowFrequency, "APGD in the low-frequency band with ``loss`` as an option (default ``ce``)."))
+register_attack("apgd-lowfreq-ce")(Variant(
+    APGDLowFrequency, "APGD in the low-frequency band on the cross-entropy loss.", fixed={"loss": "ce"}))
+register_attack("apgd-lowfreq-dlr")(Variant(
+    APGDLowFrequency, "APGD in the low-frequency band on the DLR loss (invariant to logit scaling).",
+    fixed={"loss": "dlr"}))

@@ -10,6 +10,7 @@ import logging
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
+from harness.api.options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import LIBRARY_CAPABILITIES, apgd_model, run_apgd
@@ -54,17 +55,7 @@ class APGDTargeted(Attack):
         return run_apgd(apgd, probe, self, target, x, y)
 
 
-@register_attack("apgd-t")
-def apgd_t(**options) -> APGDTargeted:
-    """APGD-T (targeted DLR) over ``targets`` target classes."""
-    return APGDTargeted(**options)
-
-
-@register_attack("apgd-t-l1")
-def apgd_t_l1(**options) -> APGDTargeted:
-    """APGD-T for ℓ1 (ε = 12, 5 target classes as in AutoAttack's ℓ1 standard version)."""
-    options.setdefault("eps", 12.0)
-    options.setdefault("targets", 5)
-    if options.pop("norm", "L1") != "L1":
-        raise ValueError("apgd-t-l1 is the ℓ1 attack; run it with --norm L1 (and an ℓ1 eps such as 12)")
-    return APGDTargeted(norm="L1", **options)
+register_attack("apgd-t")(Variant(APGDTargeted, "APGD-T (targeted DLR) over ``targets`` target classes."))
+register_attack("apgd-t-l1")(Variant(
+    APGDTargeted, "APGD-T for ℓ1 (ε = 12, 5 target classes as in AutoAttack's ℓ1 standard version).",
+    fixed={"norm": "L1"}, defaults={"eps": 12.0, "targets": 5}, hint="apgd-t-l1 is the ℓ1 attack; run it with --norm L1 (and an ℓ1 eps such as 12)"))

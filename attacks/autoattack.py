@@ -16,6 +16,7 @@ from typing import Literal
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import ProbeModule, default_draws, finalize, quiet_stdout, trace_apgd
@@ -70,19 +71,10 @@ class AutoAttackAdapter(Attack):
                         extras={"acc_trace": trace})
 
 
-@register_attack("autoattack")
-def autoattack(**options) -> AutoAttackAdapter:
-    """AutoAttack with ``version`` as an option (default ``standard``)."""
-    return AutoAttackAdapter(**options)
-
-
-@register_attack("autoattack-standard")
-def autoattack_standard(**options) -> AutoAttackAdapter:
-    """AutoAttack ``standard``: APGD-CE, APGD-T (9 targets), FAB-T (9 targets), Square (5000 queries)."""
-    return AutoAttackAdapter(version="standard", **options)
-
-
-@register_attack("autoattack-rand")
-def autoattack_rand(**options) -> AutoAttackAdapter:
-    """AutoAttack ``rand``: APGD-CE and APGD-DLR with EOT (20 draws on stochastic defenses), for randomized defenses."""
-    return AutoAttackAdapter(version="rand", **options)
+register_attack("autoattack")(Variant(AutoAttackAdapter, "AutoAttack with ``version`` as an option (default ``standard``)."))
+register_attack("autoattack-standard")(Variant(
+    AutoAttackAdapter, "AutoAttack ``standard``: APGD-CE, APGD-T (9 targets), FAB-T (9 targets), Square (5000 queries).",
+    fixed={"version": "standard"}))
+register_attack("autoattack-rand")(Variant(
+    AutoAttackAdapter, "AutoAttack ``rand``: APGD-CE and APGD-DLR with EOT (20 draws on stochastic defenses), for "
+    "randomized defenses.", fixed={"version": "rand"}))

@@ -6,15 +6,11 @@ run's threat model, e.g. the ℓ∞ ball) before evaluation; built directly in P
 """
 from __future__ import annotations
 
-from typing import Any
-
 from harness.api.attack import register_attack
+from harness.api.options import Variant
 
-from .torchattacks_adapter import TorchAttack
+from .torchattacks_adapter import TorchAttacksClass
 
-
-@register_attack("cw-l2")
-def cw_l2(*, eps: float = 0.5, c: float = 1.0, kappa: float = 0.0, steps: int = 100, lr: float = 0.01,
-          norm: str = "L2", **options: Any) -> TorchAttack:
-    """C&W-ℓ2: ``c`` weights the margin term, ``kappa`` the confidence, ``lr`` Adam's step size."""
-    return TorchAttack(cls="CW", eps=eps, norm=norm, c=c, kappa=kappa, steps=steps, lr=lr, **options)
+register_attack("cw-l2")(Variant(
+    TorchAttacksClass("CW"), "C&W-ℓ2: ``c`` weights the margin term, ``kappa`` the confidence, ``lr`` Adam's step size.",
+    defaults={"eps": 0.5, "norm": "L2", "c": 1.0, "kappa": 0.0, "steps": 100, "lr": 0.01}))

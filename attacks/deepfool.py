@@ -6,14 +6,11 @@ ball of radius 0.5, in a battery the run's threat model) before evaluation.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from harness.api.attack import register_attack
+from harness.api.options import Variant
 
-from .torchattacks_adapter import TorchAttack
+from .torchattacks_adapter import TorchAttacksClass
 
-
-@register_attack("deepfool")
-def deepfool(*, eps: float = 0.5, steps: int = 50, overshoot: float = 0.02, norm: str = "L2", **options: Any) -> TorchAttack:
-    """DeepFool-ℓ2 with ``steps`` linearizations and ``overshoot`` past the boundary."""
-    return TorchAttack(cls="DeepFool", eps=eps, norm=norm, steps=steps, overshoot=overshoot, **options)
+register_attack("deepfool")(Variant(
+    TorchAttacksClass("DeepFool"), "DeepFool-ℓ2 with ``steps`` linearizations and ``overshoot`` past the boundary.",
+    defaults={"eps": 0.5, "norm": "L2", "steps": 50, "overshoot": 0.02}))

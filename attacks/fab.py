@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
+from harness.api.options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import LIBRARY_CAPABILITIES, default_draws, finalize, quiet_stdout
@@ -54,14 +55,7 @@ class FAB(Attack):
         return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws))
 
 
-@register_attack("fab-t")
-def fab_t(**options) -> FAB:
-    """FAB-T: targeted FAB over ``targets`` classes (AutoAttack's configuration)."""
-    return FAB(targeted=True, **options)
-
-
-@register_attack("fab")
-def fab(**options) -> FAB:
-    """Untargeted FAB (``targeted`` is an option, default False here)."""
-    options.setdefault("targeted", False)
-    return FAB(**options)
+register_attack("fab-t")(Variant(FAB, "FAB-T: targeted FAB over ``targets`` classes (AutoAttack's configuration).",
+                                  fixed={"targeted": True}))
+register_attack("fab")(Variant(FAB, "Untargeted FAB (``targeted`` is an option, default False here).",
+                               defaults={"targeted": False}))

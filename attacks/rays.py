@@ -20,6 +20,7 @@ from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 from harness.api.evaluation import correct
+from harness.api.options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import finalize
@@ -113,7 +114,4 @@ class RayS(Attack):
             radius[idx] = high
 
 
-@register_attack("rays")
-def rays(**options) -> RayS:
-    """RayS, hard-label ℓ∞ (queries per sample as ``queries``)."""
-    return RayS(**options)
+register_attack("rays")(Variant(RayS, "RayS, hard-label ℓ∞ (queries per sample as ``queries``)."))

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import finalize, quiet_stdout
@@ -114,7 +115,5 @@ def _end_at(trace: list[float], final: float) -> list[float]:
     return out
 
 
-@register_attack("square")
-def square(**options) -> Square:
-    """Square Attack, each query scored over ``target.eot`` draws (EOT; 8 on stochastic defenses by default)."""
-    return Square(**options)
+register_attack("square")(Variant(
+    Square, "Square Attack, each query scored over ``target.eot`` draws (EOT; 8 on stochastic defenses by default)."))

@@ -20,6 +20,7 @@ from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities,
 from harness.api.losses import cross_entropy, get_loss
 from harness.api.losses import margin as margin_loss
 from harness.api.lowfreq import LowFrequency
+from harness.api.options import Variant
 from harness.api.target import Target
 from harness.api.threat import Threat
 from harness.api.threatspec import DEFAULT_BAND
@@ -117,7 +118,6 @@ def _windows(n: int, channels: int, band: int, side: int, gen: torch.Generator) 
     return inside[:, None].float() * signs
 
 
-@register_attack("square-lowfreq")
-def square_lowfreq(**options) -> SquareLowFrequency:
-    """Square's random search on the DCT coefficients of a low-frequency band (EOT per query on stochastic defenses)."""
-    return SquareLowFrequency(**options)
+register_attack("square-lowfreq")(Variant(
+    SquareLowFrequency, "Square's random search on the DCT coefficients of a low-frequency band (EOT per query on "
+    "stochastic defenses)."))

@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from harness.api.attack import ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.options import Variant, options_of
 from harness.api.target import Target
 
 from ._thirdparty import default_draws, finalize, quiet_stdout
@@ -56,10 +57,10 @@ class TorchAttack(Attack):
             raise ValueError(f"torchattack: unknown torchattacks class {cls!r}; accepted: {', '.join(names)}")
         klass = getattr(torchattacks, cls)
         params = inspect.signature(klass.__init__).parameters
-        unknown = sorted(set(options) - set(params))
-        if unknown:
-            accepted = [p for p in params if p not in ("self", "model")]
-            raise ValueError(f"torchattack {cls}: unknown option(s) {unknown}; accepted: {', '.join(accepted)}")
+        accepted = options_of(TorchAttacksClass(cls))  # the class's options and the harness's
+        unknown = accepted.unknown(options) if accepted else []
+        if accepted and unknown:
+            raise ValueError(f"torchattacks:{cls} {accepted.refusal(unknown)}")
         if "eps" in params and math.isfinite(self.eps):
             options.setdefault("eps", self.eps)
         self.cls, self.draws = cls, draws
@@ -98,19 +99,36 @@ class TorchAttack(Attack):
         return finalize(target, x, x_adv, y, eps=self.eps, norm=self.norm, draws=default_draws(target, self.draws))
 
 
-@register_attack("torchattack")
-def torchattack(**options: Any) -> TorchAttack:
-    """A torchattacks attack; ``cls`` names the class."""
-    return TorchAttack(**options)
+register_attack("torchattack")(Variant(
+    TorchAttack, "A torchattacks attack; ``cls`` names the class, the other options are that class's (``harness list "
+    "attacks torchattacks:CLS`` shows them)."))
 
 
-def _alias(cls: str):
-    def factory(**options: Any) -> TorchAttack:
-        return TorchAttack(cls=cls, **options)
-    factory.__doc__ = f"torchattacks.{cls} through the harness target."
-    factory.__qualname__ = f"torchattacks_{cls}"
-    return factory
+class TorchAttacksClass:
+    """``torchattacks:<cls>``: :class:`TorchAttack` of one class. Its options (its signature) are the harness's
+    (``eps``, ``norm``, ``draws``) and the class's own, read from the class when asked for."""
+
+    def __init__(self, cls: str) -> None:
+        self.cls = cls
+        self.__doc__ = f"torchattacks.{cls} through the harness target."
+        self.__qualname__ = f"torchattacks_{cls}"
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        own = [p for p in inspect.signature(TorchAttack).parameters.values() if p.name != "cls"]
+        try:
+            import torchattacks
+        except ImportError:  # not installed: the options are not known, any is passed on (and refused at use)
+            return inspect.Signature(own)
+        names = {p.name for p in own}
+        theirs = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(getattr(torchattacks, self.cls).__init__)
+                  .parameters.values() if p.name not in names | {"self", "model"} and p.kind in
+                  (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return inspect.Signature([p for p in own if p.kind is not p.VAR_KEYWORD] + theirs)
+
+    def __call__(self, **options: Any) -> TorchAttack:
+        return TorchAttack(cls=self.cls, **options)
 
 
 for _cls in CLASSES:
-    ATTACKS.add(f"torchattacks:{_cls}", _alias(_cls))
+    ATTACKS.add(f"torchattacks:{_cls}", TorchAttacksClass(_cls))

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, create_attack, register_attack
 from harness.api.defense import Defense, create_defense
+from harness.api.options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import default_draws, finalize
@@ -64,7 +65,5 @@ class Transfer(Attack):
         return res
 
 
-@register_attack("transfer")
-def transfer(**options: Any) -> Transfer:
-    """Transfer attack from a surrogate (default: the defense's classifier without purifier)."""
-    return Transfer(**options)
+register_attack("transfer")(Variant(
+    Transfer, "Transfer attack from a surrogate (default: the defense's classifier without purifier)."))

@@ -73,3 +73,21 @@ def one_line(exc: BaseException) -> str:
     """The exception's message on one line (a ``KeyError``'s key keeps its quotes)."""
     text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
     return text or type(exc).__name__
+
+
+def did_you_mean(given: str | list[str], accepted: list[str] | tuple[str, ...], *, containing: bool = False) -> str:
+    """`` (did you mean X, Y?)``: the accepted names closest to ``given`` (difflib, closest first, ignoring case and a
+    ``prefix:`` such as ``torchattacks:``; with ``containing``, then those containing it or contained in it), or ""
+    when none is close."""
+    import difflib
+
+    words = [given] if isinstance(given, str) else given
+    keys: dict[str, list[str]] = {}
+    for name in accepted:
+        for key in {name.lower(), name.lower().rpartition(":")[2]}:
+            keys.setdefault(key, []).append(name)
+    close = [name for w in words for key in difflib.get_close_matches(w.lower(), list(keys), n=3) for name in keys[key]]
+    if containing:
+        close += [a for w in words for a in accepted if w.lower() in a.lower() or a.lower() in w.lower()][:5]
+    names = list(dict.fromkeys(close))
+    return f" (did you mean {', '.join(names)}?)" if names else ""

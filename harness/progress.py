@@ -57,6 +57,22 @@ def progress_bar(total: int, desc: str, *, enabled: bool, position: int = 0, **k
                 dynamic_ncols=True, file=sys.stderr, **kwargs)
 
 
+def shard_text(shards: int | Sequence[int], n_shards: int | None = None) -> str:
+    """How a shard, or several, is named to a user in logs, errors and reports: numbered from 0, as the shard files
+    (``records/shard-00002.parquet``) and ``--shard-slice`` number them, with the run's range when ``n_shards`` is
+    known: ``shard 2 of 0-5``, ``shards 1-3, 7 of 0-9``."""
+    values = [shards] if isinstance(shards, int) else sorted(shards)
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    listed = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    of = "" if n_shards is None else " of 0" if n_shards <= 1 else f" of 0-{n_shards - 1}"
+    return f"shard{'s' * (len(values) > 1)} {listed}{of}"
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
@@ -127,7 +143,7 @@ class StageLog:
 
     def stage_start(self, *, shard: int, n_shards: int, stage: str, attempted: int) -> None:
         if self.enabled:
-            self.log.info("%s: shard %d/%d, %s: attacking %d samples", self.phase, shard + 1, n_shards, stage, attempted)
+            self.log.info("%s: %s, %s: attacking %d samples", self.phase, shard_text(shard, n_shards), stage, attempted)
 
     def stage_done(self, *, shard: int, n_shards: int, stage: str, size: int, attempted: int, robust: int,
                    seconds: float, checks: float = 0.0) -> None:
@@ -143,8 +159,8 @@ class StageLog:
             return
         elapsed = self.clock() - self.start
         pct = 100 * self.done / self.total if self.total else 100.0
-        self.log.info("%s: shard %d/%d, %s: %d attempted, %d robust after (%s, checks %s); %.0f%% of %d sample-stages, "
-                      "elapsed %s, %s", self.phase, shard + 1, n_shards, stage, attempted, robust,
+        self.log.info("%s: %s, %s: %d attempted, %d robust after (%s, checks %s); %.0f%% of %d sample-stages, "
+                      "elapsed %s, %s", self.phase, shard_text(shard, n_shards), stage, attempted, robust,
                       _duration(seconds), _duration(checks), pct, self.total, _duration(elapsed), self.left_text())
 
 

@@ -99,8 +99,10 @@ def test_registry_lists_adapters_and_torchattacks_aliases():
 def test_bad_options_are_named():
     with pytest.raises(ValueError, match="unknown torchattacks class 'Nope'"):
         create_attack("torchattack", cls="Nope")
-    with pytest.raises(ValueError, match="unknown option"):
+    with pytest.raises(ValueError, match="has no option 'bogus'; accepted: eps, norm, draws, c, kappa, steps, lr"):
         create_attack("torchattacks:CW", bogus=1)
+    with pytest.raises(ValueError, match=r"torchattacks:CW has no option 'kapa' \(did you mean kappa\?\)"):
+        create_attack("torchattack", cls="CW", kapa=1)
     with pytest.raises(ValueError, match="accepted: ce, dlr"):
         create_attack("apgd", loss="hinge")
     with pytest.raises(ValueError, match="Linf"):

@@ -211,7 +211,7 @@ def test_unknown_preset_and_missing_run_are_user_errors(factories, tiny_data_roo
     """Mistyped --attacks and a run directory that does not exist are user mistakes: one line, no -v hint."""
     code, err = _run(["--defense", f"{factories}:make", "--attacks", "nosuch"], tiny_data_root, tmp_path, capsys)
     line = _one_line_error(code, err)
-    assert "nosuch" in line and "Presets:" in line and "-v" not in line
+    assert "nosuch" in line and "harness list presets" in line and "-v" not in line
     assert main(["report", str(tmp_path / "no-such-run")]) == 2
     line = _one_line_error(2, capsys.readouterr().err)
     assert "no-such-run" in line and "does not exist" in line and "-v" not in line

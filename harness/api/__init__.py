@@ -13,6 +13,7 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.api.flags`       -- the diagnostics' flag codes.
 - :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
 - :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
+- :mod:`harness.api.options`     -- the options a registered factory takes, and ``Variant``: a named configuration of one.
 """
 from __future__ import annotations
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import importlib.util
-import inspect
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
+from harness.api.options import REQUIRED, options_of
 from harness.api.schema import option_problems
-from harness.errors import UsageError, one_line, user_frame
+from harness.errors import UsageError, did_you_mean, one_line, user_frame
 
 T = TypeVar("T")
 Factory = Callable[..., Any]
@@ -136,26 +136,26 @@ class Registry(Generic[T]):
                 raise RegistryError(f"{self.kind} factory {spec!r} is a {type(obj).__name__}, not callable; expected a function or class returning a {self.kind}")
             loaded: Factory = obj
             return loaded
-        close = [n for n in self.names() if spec.lower() in n.lower() or n.lower() in spec.lower()]
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise RegistryError(f"unknown {self.kind} {spec!r}. Known {self.kind}s: {', '.join(self.names()) or '(none)'}.{hint} "
-                            f"A user factory can be given as 'path/to/file.py:factory' or 'package.module:factory'.")
+        raise RegistryError(f"unknown {self.kind} {spec!r}{self.did_you_mean(spec)}; `harness list {self.kind}s` lists "
+                            f"them all. A user factory can be given as 'path/to/file.py:factory' or "
+                            f"'package.module:factory'.")
+
+    def did_you_mean(self, spec: str) -> str:
+        """`` (did you mean X, Y?)``: the registered names closest to ``spec`` (spelling, or containing it)."""
+        return did_you_mean(spec, self.names(), containing=True)
 
     def create(self, spec: str, **options: Any) -> T:
         """Build the object named by ``spec`` with keyword ``options`` and validate it."""
         factory = self.get(spec)
-        try:
-            signature = inspect.signature(factory)
-        except (TypeError, ValueError):  # no introspectable signature: let the call decide
-            signature = None
-        if signature is not None:
-            try:
-                signature.bind(**options)
-            except TypeError as exc:  # only a mismatch of the options themselves; errors inside the factory propagate
-                accepted = [p.name for p in signature.parameters.values()
-                            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-                raise RegistryError(f"{self.kind} {spec!r} rejected options {sorted(options)}: {exc}; it accepts: "
-                                    f"{', '.join(accepted) or '(no options)'}") from None
+        accepted = options_of(factory)
+        if accepted is not None:  # only a mismatch of the options themselves; errors inside the factory propagate
+            unknown = accepted.unknown(options)
+            if unknown:
+                raise RegistryError(f"{self.kind} {spec!r} {accepted.refusal(unknown)}")
+            missing = [o.name for o in accepted.options if o.default is REQUIRED and o.name not in options]
+            if missing:
+                raise RegistryError(f"{self.kind} {spec!r} needs option(s) {', '.join(missing)}; accepted: "
+                                    f"{', '.join(accepted.names)}")
         problems = option_problems(factory, options)  # a quoted "false" or a NaN is not a valid option value
         if problems:
             raise RegistryError(f"{self.kind} {spec!r}: option {'; option '.join(problems)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.resources
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from harness.api.config import load_toml
 
@@ -39,4 +40,19 @@ def list_presets(directory: Path | None = None) -> dict[str, str]:
             out[path.stem] = str(load_toml(path).get("description", ""))
         except (ValueError, FileNotFoundError) as exc:
             out[path.stem] = f"(invalid: {exc})"
+    return out
+
+
+def preset_entries(directory: Path | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(preset, entry)`` for each battery entry whose name is not its attack's (a preset's column such as
+    ``pgd-ce`` of ``quick``, which is not an attack name), in every preset (of ``directory``, else of
+    :func:`preset_dirs`)."""
+    out = []
+    for path in sorted(p for d in ([directory] if directory else preset_dirs()) for p in d.glob("*.toml")):
+        try:
+            entries = load_toml(path).get("attacks", [])
+        except (ValueError, FileNotFoundError):
+            continue
+        out += [(path.stem, e) for e in entries if isinstance(e, dict) and "name" in e
+                and e.get("attack", e["name"]) != e["name"]]
     return out

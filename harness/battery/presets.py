@@ -4,14 +4,15 @@ default is ``rand`` (AutoAttack's configuration for randomized defenses: APGD-CE
 EOT) for a stochastic defense and ``standard`` otherwise (:func:`default_preset`)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from harness.api.attack import ATTACKS
-from harness.api.config import load_toml
-from harness.battery.catalog import list_presets, preset_dirs, preset_path
-from harness.battery.spec import AttackSpec
-from harness.errors import MissingInputError, UsageError
+from harness.api.config import load_toml, parse_literal
+from harness.battery.catalog import list_presets, preset_dirs, preset_entries, preset_path
+from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec
+from harness.errors import MissingInputError, UsageError, did_you_mean
 
 ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.diagnostics.escalation)
 DECIDE_BY = ("all", "majority", "mean")  # a battery file's decide_by: the stop rule it was laid out for
@@ -33,6 +34,42 @@ def battery_decide_by(attacks: str, preset_dir: Path | None = None) -> str | Non
     if value is not None and value not in DECIDE_BY:
         raise UsageError(f"battery file {str(path)!r}: decide_by = {value!r}; accepted: {', '.join(DECIDE_BY)}")
     return value
+
+
+def unknown_name(name: str, preset_dir: Path | None = None) -> str:
+    """Why ``--attacks NAME`` names nothing: the preset entries of that name (a preset's column given as an attack)
+    and how to run them, else the closest attack, preset and preset-entry names."""
+    columns = preset_entries(preset_dir)
+    entries = [(preset, e) for preset, e in columns if e["name"] == name]
+    if not entries:
+        names = [*list_presets(preset_dir), *ATTACKS.names(), *dict.fromkeys(e["name"] for _, e in columns)]
+        return (f"unknown attack or preset {name!r}{did_you_mean(name, names, containing=True)}; "
+                "`harness list attacks` and `harness list presets` list them")
+    where = ", ".join(f"{preset!r} ({_entry_text(e)})" for preset, e in entries)
+    preset, entry = entries[0]
+    attack = str(entry["attack"])
+    opts = {**entry.get("options", {}), **{k: entry[k] for k in ("grad", "eot", *SCHEDULE_OPTIONS) if k in entry}}
+    flags = "".join(f" --attack-opt {attack}.{k}={_literal(v)}" for k, v in opts.items())
+    return (f"{name!r} is the name of an entry of the preset{'s' * (len(entries) > 1)} {where}, not an attack; use "
+            f"--attacks {preset}, or --attacks {attack}{flags}")
+
+
+def _entry_text(entry: dict[str, Any]) -> str:
+    """``attack pgd with steps=10, loss='ce'`` (a preset entry in words)."""
+    settings = {**entry.get("options", {}), **{k: v for k, v in entry.items() if k not in ("name", "attack", "options")}}
+    return f"attack {entry['attack']}" + (f" with {', '.join(f'{k}={v!r}' for k, v in settings.items())}"
+                                          if settings else "")
+
+
+def _literal(value: Any) -> str:
+    """``value`` as ``--attack-opt`` reads it back (a TOML literal; a string bare where that is unambiguous)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(_literal(v) for v in value) + "]"
+    if isinstance(value, str) and (parse_literal(value) != value or " " in value):
+        return json.dumps(value)
+    return str(value)
 
 
 def load_preset_file(path: Path) -> list[AttackSpec]:
@@ -69,8 +106,7 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
         specs = []
         for name in filter(None, (s.strip() for s in attacks.split(","))):
             if name not in ATTACKS and ":" not in name:
-                raise UsageError(f"unknown attack or preset {name!r}. Presets: {', '.join(list_presets(preset_dir))}. "
-                                 f"Attacks: {', '.join(ATTACKS.names())}.")
+                raise UsageError(unknown_name(name, preset_dir))
             specs.append(AttackSpec(name=name, attack=name))
         if not specs:
             raise UsageError("--attacks is empty; give a preset name, a TOML file or attack names")

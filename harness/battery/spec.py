@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.api.attack import ATTACKS, Attack
 from harness.api.gradmodes import GRAD_MODES
+from harness.api.options import Option, Options, options_of
 from harness.errors import HarnessError, UsageError, one_line, user_frame
 
 RESOLVER_OPTIONS = ("grad", "eot")  # per-attack options read by the resolver, never passed to the attack
@@ -114,4 +115,9 @@ class AttackSpec:
 
     def _create(self, **run: Any) -> Attack:
         options = {k: v for k, v in self.options.items() if k not in RESOLVER_OPTIONS + SCHEDULE_OPTIONS}
+        accepted = options_of(ATTACKS.get(self.attack))
+        unknown = accepted.unknown(options) if accepted is not None else []
+        if accepted is not None and unknown:  # the entry's own keys are accepted too
+            entry = Options(accepted.options + tuple(Option(k, "") for k in RESOLVER_OPTIONS + SCHEDULE_OPTIONS))
+            raise UsageError(f"battery entry {self.name!r} (attack {self.attack}) {entry.refusal(unknown)}")
         return ATTACKS.create(self.attack, **{**run, **options})

@@ -28,7 +28,7 @@ from harness.api.config import load_toml
 from harness.api.defense import Defense, create_defense
 from harness.certify.smoothing import certify
 from harness.errors import ConfigError
-from harness.progress import get_logger, progress_bar
+from harness.progress import get_logger, progress_bar, shard_text
 from harness.run._acceleration import resolve_device
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import load_test_set
@@ -174,7 +174,7 @@ def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_res
         x, y = data.get(idx, device)
         store.write_shard(s, _records(defense, x, y, idx, s, cfg, bar), {"stages": [], "attacks": {}, "diagnostics": []},
                           schema=CERTIFY_SCHEMA)
-        log.debug("certify: shard %d/%d written", s + 1, len(shards))
+        log.debug("certify: %s written", shard_text(s, len(shards)))
 
     each_shard(store, shards, list(range(len(shards))),
                ShardJob(store.shard_written, work, lambda s, size: bar.update(size)))
@@ -182,7 +182,7 @@ def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_res
     with store.run_lock():
         missing = completeness(store.dir).missing_shards
         if missing:
-            raise RuntimeError(f"certification run {str(store.dir)!r}: shards {missing} are missing at the end; run "
+            raise RuntimeError(f"certification run {str(store.dir)!r}: {shard_text(missing, len(shards))} are missing at the end; run "
                                "the same command again")
         store.finish([])
     return store.dir

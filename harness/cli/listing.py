@@ -35,21 +35,30 @@ def summary(obj: object) -> str:
 
 
 def options(factory: Callable[..., Any]) -> list[str]:
-    """``name: type = default`` for each keyword the factory takes (what the ``*-opt`` flags set)."""
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
+    """``name: type = default`` for each keyword the factory takes (what the ``*-opt`` flags set), then what it
+    passes on unread, if anything (``harness.api.options``)."""
+    from harness.api.options import options_of
+
+    accepted = options_of(factory)
+    if accepted is None:
         return []
-    out = []
-    for p in params:
-        if p.kind is p.VAR_KEYWORD:
-            out.append(f"**{p.name}: passed on (see the description)")
-        elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            kind = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
-            default = "" if p.default is p.empty else f" = {p.default!r}"
-            out.append(f"{p.name}{': ' + kind if kind and kind != '_empty' else ''}{default}" +
-                       ("  (required)" if p.default is p.empty else ""))
-    return out
+    lines = [o.describe() for o in accepted.options]
+    return lines + ([f"**{accepted.passed_on}: passed on (see the description)"] if accepted.passed_on else [])
+
+
+def _factory(registry: Any, what: str, spec: str) -> Callable[..., Any]:
+    """The factory ``spec`` names (a registered name or ``file.py:factory``); an unknown attack name is explained as
+    ``--attacks`` explains it (closest names, or the preset entry of that name)."""
+    from harness.api.registry import RegistryError
+
+    try:
+        factory: Callable[..., Any] = registry.get(spec)
+    except RegistryError:
+        if what != "attacks" or ":" in spec:
+            raise
+        from harness.battery.presets import unknown_name
+        raise RegistryError(unknown_name(spec)) from None
+    return factory
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,8 +73,8 @@ def main(args: argparse.Namespace) -> int:
         else:
             from harness.api.attack import ATTACKS as registry
         names = registry.names(args.pattern)
-        if names == [args.pattern]:  # one entry named exactly: all about it
-            factory = registry.get(args.pattern)
+        if names == [args.pattern] or not (names or set("*?[") & set(args.pattern)):  # one entry: all about it
+            factory = _factory(registry, args.what, args.pattern)
             print(args.pattern)
             print(textwrap.indent(textwrap.fill(plain(inspect.getdoc(factory) or "(no description)"), 100), "  "))
             print("options:" if options(factory) else "options: none")

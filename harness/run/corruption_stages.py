@@ -27,7 +27,7 @@ from harness.api.attack import perturbation_norms
 from harness.api.config import RunConfig
 from harness.diagnostics import after_stage as diagnostics
 from harness.errors import DataError, UsageError
-from harness.progress import get_logger
+from harness.progress import get_logger, shard_text
 from harness.run._acceleration import as_input
 from harness.run.phases import Phase, PhaseKind
 from harness.run.stage import clean_stage
@@ -86,7 +86,7 @@ class Corrupted:
         images = self.cache.rows(corruption, severity, indices)
         name = cell_name(corruption, severity)
         if _digest(images) != self.digests[name][shard]:
-            raise DataError(f"the cached {name} images of shard {shard + 1} changed since the run started "
+            raise DataError(f"the cached {name} images of {shard_text(shard)} changed since the run started "
                             f"({str(self.cache.path(corruption, severity))!r} was rewritten); run the same command "
                             "again: the fingerprint check then says what changed")
         return images

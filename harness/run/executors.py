@@ -28,7 +28,7 @@ from harness.api.config import RunConfig
 from harness.api.defense import create_defense
 from harness.diagnostics.preflight import Preflight
 from harness.errors import HarnessError, SetupError, UsageError
-from harness.progress import progress_bar
+from harness.progress import progress_bar, shard_text
 from harness.run._acceleration import resolve_device
 from harness.run._placement import Placed, place_checked
 from harness.run.phases import Phase
@@ -161,9 +161,9 @@ class RayExecutor:
             cause = exc.cause
             if isinstance(cause, HarnessError):
                 raise cause from None
-            raise RuntimeError(f"shard {shard + 1}/{n_shards}, in its Ray task: {type(cause).__name__}: {cause}") from exc
+            raise RuntimeError(f"{shard_text(shard, n_shards)}, in its Ray task: {type(cause).__name__}: {cause}") from exc
         except errors.RayError as exc:  # the worker or its node died MAX_RETRIES + 1 times
-            raise RuntimeError(f"shard {shard + 1}/{n_shards}: its Ray task failed {MAX_RETRIES + 1} times "
+            raise RuntimeError(f"{shard_text(shard, n_shards)}: its Ray task failed {MAX_RETRIES + 1} times "
                                f"({type(exc).__name__}); finished shards are kept, run the same command again to "
                                "resume") from exc
 

@@ -25,7 +25,7 @@ from harness.battery.resolve import check_battery
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.errors import UsageError
-from harness.progress import get_logger
+from harness.progress import get_logger, shard_text
 from harness.run import corruption_stages
 from harness.run._placement import place_and_check
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
@@ -214,7 +214,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     with store.run_lock():
         missing = completeness(store.dir).missing_shards
         if missing:  # e.g. a shard file deleted while the run was going on
-            raise RuntimeError(f"run {str(store.dir)!r}: shards {missing} are missing or incomplete at the end of the "
+            raise RuntimeError(f"run {str(store.dir)!r}: {shard_text(missing, len(shards))} are missing or incomplete at the end of the "
                                "run (deleted meanwhile?); run the same command again to recompute them")
         store.finish(run_flags(store, len(shards), cfg.escalations, pf.findings))
     return store.dir

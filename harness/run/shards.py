@@ -19,7 +19,7 @@ from harness.api.threatspec import PERTURBATION_KINDS, ThreatSpec
 from harness.battery.resolve import GradientProbe, resolve
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
-from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar
+from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
 from harness.run._acceleration import as_input
 from harness.run.phases import ATTACKS, Phase, PhaseKind
 from harness.run.probe import ProbePlan, extend_shard, plan_probe, split_probed
@@ -134,14 +134,14 @@ class RunShards:
                                   then="escalations if a diagnostic fires" if phase == ATTACKS and self.cfg.escalate
                                   else "")
         each_shard(self.store, shards, which, self.job(names, done, work),
-                   waiting=lambda s: log.info("%s: shard %d/%d is being computed by another process; waiting for it",
-                                              phase, s + 1, len(shards)))
+                   waiting=lambda s: log.info("%s: %s is being computed by another process; waiting for it",
+                                              phase, shard_text(s, len(shards))))
 
     def skip(self, shard: int, size: int, names: list[str]) -> None:
         for name in names:
             self.bar(name).update(size)
         self.progress.skipped(size * len(names))
-        log.debug("shard %d already finished; skipped", shard)
+        log.debug("%s already finished; skipped", shard_text(shard))
 
     def close(self) -> None:
         for bar in self.bars.values():
@@ -168,7 +168,7 @@ class RunShards:
             frames, side = [bytes_frame(stored["frames"])], json.loads(stored["side"])
             robust, adv = stored["robust"].to(self.device), stored.get("adv")
             dead = tuple(stored["dead"]) if stored.get("dead") else None  # type: ignore[assignment]
-            log.info("shard %d/%d: continuing after %d stored stage(s)", shard + 1, self.n_shards, stored["done"])
+            log.info("%s: continuing after %d stored stage(s)", shard_text(shard, self.n_shards), stored["done"])
         elif prior is None:
             cols, ev, agreement = clean_stage(self.defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed,
                                               shard=shard, batch_size=cfg.batch_size, verifier=self.verifier,
@@ -226,7 +226,7 @@ class RunShards:
                 if adv is not None:
                     adv["x_adv"][spec.name] = x.cpu()
                 self.bar(spec.name).update(len(indices))
-                log.info("shard %d/%d, %s: skipped, %s", shard + 1, self.n_shards, spec.name, why)
+                log.info("%s, %s: skipped, %s", shard_text(shard, self.n_shards), spec.name, why)
                 summary.append(dict(stage=spec.name, attempted=0, robust=int(robust.sum()), seconds=0.0, checks=0.0))
                 self.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
                 save(k + 1)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from harness import atomic
 from harness.api.records import SCHEMA
-from harness.progress import get_logger
+from harness.progress import get_logger, shard_text
 
 log = get_logger("store")
 VERSION = 1
@@ -63,7 +63,8 @@ def load_partial(records_dir: Path, shard: int, key: dict[str, Any]) -> dict[str
     try:
         data = torch.load(path, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged or foreign file only costs the recomputation
-        log.warning("shard %d: cannot read its stored progress %s (%s); computing it from its start", shard, path, exc)
+        log.warning("%s: cannot read its stored progress %s (%s); computing it from its start", shard_text(shard), path,
+                    exc)
         return None
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != key:
         return None

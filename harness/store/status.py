@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.progress import shard_text
 from harness.stats.scoring import stages
 from harness.store.rundir import (
     Plan,
@@ -40,16 +41,17 @@ class Completeness:
     missing_shards: list[int] = field(default_factory=list)
     finished: bool = False
     kind: RunKind = RunKind.ATTACK
+    shards: int = 0  # planned shards (0: not known)
 
     @property
     def complete(self) -> bool:
         return self.finished and not self.missing_shards and self.done == self.planned
 
     def describe(self) -> str:
-        """``24 of 32 samples done; missing shards 1; not finished (...)`` (one line)."""
+        """``24 of 32 samples done; missing or unfinished shards 1 of 0-3; not finished (...)`` (one line)."""
         parts = [f"{self.done} of {self.planned} samples done"]
         if self.missing_shards:
-            parts.append(f"missing or unfinished shards {_ranges(self.missing_shards)}")
+            parts.append(f"missing or unfinished {shard_text(self.missing_shards, self.shards or None)}")
         if not self.finished:
             parts.append(f"not finished (in progress, or stopped before {_BY_KIND[self.kind][1]})")
         return "; ".join(parts)
@@ -69,16 +71,6 @@ _BY_KIND = {RunKind.ATTACK: ("harness run", "its escalation stages and final dia
             RunKind.CERTIFY: ("harness certify", "being marked finished")}
 
 
-def _ranges(values: list[int]) -> str:
-    out: list[str] = []
-    for v in values:
-        if out and out[-1].split("-")[-1] == str(v - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{v}"
-        else:
-            out.append(str(v))
-    return ", ".join(out)
-
-
 def completeness(run_dir: str | Path) -> Completeness:
     """Compare what a run stores with its plan (provenance indices and shard sizes, config stages)."""
     prov = load_provenance(run_dir)
@@ -96,7 +88,8 @@ def completeness(run_dir: str | Path) -> Completeness:
         else:
             missing.append(s)
     return Completeness(run=str(run_dir), planned=len(plan.indices), done=done, stages=expected or [],
-                        missing_shards=missing, finished=bool(prov.get("finished")), kind=kind)
+                        missing_shards=missing, finished=bool(prov.get("finished")), kind=kind,
+                        shards=len(plan.shard_sizes))
 
 
 def _shard_complete(store: RunStore, shard: int, indices: list[int], expected: list[str] | None) -> bool:
