@@ -184,15 +184,11 @@ def test_worst_case_bounds_the_run_when_late_stages_meet_only_broken_calibration
     clock = _Passes()
     defense = lambda: Defense(_Brightness(clock).eval(), None, num_classes=10, name="brightness")  # noqa: E731
     root = _brightness_data(tmp_path / "data", fragile=4, robust=12)
-    cfg = lambda out: RunConfig(defense="brightness", data_root=str(root), out=str(out), n=16, seed=0,  # noqa: E731
-                                attacks="pgd,square", eps=0.03, shard_size=16, batch_size=16, eval_repeats=1,
-                                device="cpu", quiet=True, escalate=False,
-                                attack_opts={"pgd.steps": 5, "square.queries": 200})
-    est = runner.estimate_run(cfg(tmp_path / "est"), defense=defense(), samples=4, clock=clock)
+    est = runner.estimate_run(_brightness_cfg(root, tmp_path / "est"), defense=defense(), samples=4, clock=clock)
     square = next(s for s in est.stages if s.name == "square")
     assert square.attempted == 0.0  # the calibration cascade left Square nothing
     before = clock()
-    run_dir = runner.run(cfg(tmp_path / "run"), defense=defense())
+    run_dir = runner.run(_brightness_cfg(root, tmp_path / "run"), defense=defense())
     run_seconds = clock() - before
     from harness.store.rundir import load_records
 
@@ -200,3 +196,52 @@ def test_worst_case_bounds_the_run_when_late_stages_meet_only_broken_calibration
     assert int(records[records.attack == "square"].attempted.sum()) == 12  # the robust samples, at the whole budget
     assert est.worst() >= run_seconds, est.text()
     assert "extrapolated" in square.how and "measured" in square.how
+
+
+def _brightness_cfg(root, out, **kw) -> RunConfig:
+    base = dict(defense="brightness", data_root=str(root), out=str(out), n=16, seed=0, attacks="pgd,square",
+                eps=0.03, shard_size=16, batch_size=16, eval_repeats=1, device="cpu", quiet=True, escalate=False,
+                attack_opts={"pgd.steps": 5, "square.queries": 200})
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_a_costly_calibration_is_cut_to_what_a_minute_allows(tmp_path):
+    """At 0.1 s per image the worst case of one calibration sample is tens of seconds: the default batch (8 of 16) is
+    cut so that calibrating cannot take much more than a minute, and the text says so and how to set it."""
+    clock = _Passes()
+    slow = lambda: clock.images * 0.1  # noqa: E731
+    root = _brightness_data(tmp_path / "data", fragile=4, robust=12)
+    est = runner.estimate_run(_brightness_cfg(root, tmp_path / "est"),
+                              defense=Defense(_Brightness(clock).eval(), None, num_classes=10, name="brightness"),
+                              clock=slow)
+    assert 0 < est.calibration < 8 and est.capped > 0
+    assert est.calibration * est.capped <= 60
+    assert "--estimate-samples K calibrates on K" in est.text()
+
+
+def test_stages_are_priced_with_the_run_s_stage_options(tmp_path, monkeypatch):
+    """The shortened runs that price a stage get exactly the options the run's stages get (the criterion, a stateful
+    defense's fresh instances, the verdict's), from the run's own shard context."""
+    from harness.run import fullcost, shards
+
+    seen, options = [], []
+    real_run_stage, real_options = fullcost.run_stage, shards.RunShards.stage_options
+
+    def run_stage(*args, **kw):
+        seen.append(kw)
+        return real_run_stage(*args, **kw)
+
+    def stage_options(self, shard, anchors):
+        options.append(real_options(self, shard, anchors))
+        return options[-1]
+
+    monkeypatch.setattr(fullcost, "run_stage", run_stage)
+    monkeypatch.setattr(shards.RunShards, "stage_options", stage_options)
+    root = _brightness_data(tmp_path / "data", fragile=4, robust=12)
+    clock = _Passes()
+    runner.estimate_run(_brightness_cfg(root, tmp_path / "est", decide_by="majority"),
+                        defense=Defense(_Brightness(clock).eval(), None, num_classes=10, name="brightness"),
+                        samples=4)
+    assert seen and all(kw["decide_by"] == "majority" and "fresh" in kw for kw in seen)
+    assert all(any(kw.keys() == o.keys() and all(kw[k] is o[k] for k in o) for o in options) for kw in seen)
