@@ -245,3 +245,30 @@ def test_stages_are_priced_with_the_run_s_stage_options(tmp_path, monkeypatch):
                         samples=4)
     assert seen and all(kw["decide_by"] == "majority" and "fresh" in kw for kw in seen)
     assert all(any(kw.keys() == o.keys() and all(kw[k] is o[k] for k in o) for o in options) for kw in seen)
+
+
+class _Counted(torch.nn.Module):
+    """A classifier that advances a :class:`_Passes` clock by the images it sees."""
+
+    def __init__(self, net: torch.nn.Module, clock: _Passes) -> None:
+        super().__init__()
+        self.net, self.clock = net, clock
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.images += x.shape[0]
+        return self.net(x)
+
+
+def test_a_costly_escalation_is_priced_not_run_on_the_calibration_batch(tiny_data_root, tmp_path):
+    """At 30 s per image, BPDA+EOT (which ``zero-grad`` adds) could take minutes on the calibration survivors: it is
+    not run there, and the expected time counts it at its whole budget on them."""
+    clock = _Passes()
+    slow = lambda: clock.images * 30.0  # noqa: E731
+    cfg = dict(escalate=True, probe_gradients=False, eps=0.25,
+               attack_opts={"steps": 2, "esc-bpda-eot.steps": 3, "esc-apgd-dlr.steps": 3})
+    defense = Defense(_Counted(TinyCNN().eval(), clock), _Quantize(), num_classes=10, name="tiny-quantized")
+    est = runner.estimate_run(_cfg(tiny_data_root, tmp_path / "est", **cfg), defense=defense, clock=slow)
+    bpda = next(s for s in est.stages if s.name == "esc-bpda-eot")
+    assert bpda.kind == "escalation" and "not run on the calibration batch" in bpda.why
+    assert bpda.attempted > 0 and bpda.seconds_per_sample == bpda.worst > 0
+    assert est.expected() > est.expected_without_escalation()

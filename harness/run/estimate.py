@@ -209,21 +209,26 @@ def estimate(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int]
             t0 = clock()
             done = ctx.steps(ATTACKS)[2](0, indices[:k])
             wall = clock() - t0
+            side = store.read_side(0)
+            left = int(side["attacks"][base[-1].name]["robust_after"]) if base else k  # after the battery
             fired = collect_escalations(store, 1, base, findings, cfg.attack_opts) if cfg.escalate else []
             calib.escalations = [e.to_dict() for e in fired]
-            if fired:
-                full.update({e.name: cal.full_cost(stage, e) for stage, e in enumerate(fired, start=len(base) + 1)})
+            full.update({e.name: cal.full_cost(stage, e) for stage, e in enumerate(fired, start=len(base) + 1)})
+            esc_worst = left * sum(c.seconds for e in fired if (c := full[e.name]) is not None)
+            run_fired = bool(fired) and (samples is not None or esc_worst <= CALIBRATION_SECONDS)
+            if run_fired:
                 t0 = clock()
                 done += ctx.steps(ESCALATION)[2](0, indices[:k])
                 wall += clock() - t0
-            side = store.read_side(0)
-            survivors = float(side["attacks"][base[-1].name]["robust_after"]) / k if base else 1.0
+                side = store.read_side(0)
             why = _reasons([*findings, *side.get("diagnostics", [])], len(base))
             costs = [StageCost("clean", cal.clean_seconds, 1.0, "clean", "always", cal.clean_seconds,
                                "measured on the calibration batch")]
-            costs += _stage_costs([*base, *fired], len(base), done, side, full, why, k)
+            costs += _stage_costs([*base, *fired] if run_fired else base, len(base), done, side, full, why, k)
+            if fired and not run_fired:
+                costs += _not_run(fired, full, why, left, k, esc_worst)
             if cfg.escalate:
-                costs += _possible(cal, base, {c.name for c in costs}, survivors)
+                costs += _possible(cal, base, {c.name for c in costs}, left / k)
         finally:
             ctx.close()
     checks = max(0.0, wall - cal.clean_seconds * k - sum(r["seconds"] for r in done))
@@ -254,6 +259,21 @@ def _stage_costs(specs: list[AttackSpec], n_base: int, done: list[dict[str, Any]
             costs.append(StageCost(spec.name, worst, 0.0, kind, f"{reason}; the cascade left it no sample", worst,
                                    how))
     return costs
+
+
+def _not_run(fired: list[AttackSpec], full: dict[str, FullCost | None], why: dict[str, list[str]], left: int,
+             k: int, worst: float) -> list[StageCost]:
+    """Escalations that fired but were not run on the calibration batch (on its ``left`` survivors, at their whole
+    budget, they could take ``worst`` seconds, over ``CALIBRATION_SECONDS``): expected at their whole budget."""
+    out = []
+    for spec in fired:
+        price = full.get(spec.name)
+        per, how = (price.seconds, price.how) if price is not None else (0.0, "skipped by the run")
+        out.append(StageCost(spec.name, per, left / k, "escalation",
+                             f"fired: {'; '.join(why.get(spec.name, []))}; not run on the calibration batch (its "
+                             f"{left} survivor(s) could take {duration(worst)}): expected at its whole budget",
+                             per, how))
+    return out
 
 
 def _reasons(flags: Sequence[dict[str, Any]], n_base: int) -> dict[str, list[str]]:

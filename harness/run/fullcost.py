@@ -88,7 +88,7 @@ class Calibration:
             return FullCost(longest / m, f"measured: {ran} on {on}, no classifier pass counted; not extrapolated")
         rate = seconds / units
         return FullCost(max(longest / m, passes * rate),
-                        f"measured: {ran} on {on}, {1e3 * rate:.3g} ms per pass; extrapolated: {passes:,.0f} passes "
+                        f"measured: {ran} on {on}, {_seconds(rate)} per pass; extrapolated: {passes:,.0f} passes "
                         f"per sample (declared budget {declared:,.0f}; from the shortened runs {scaled:,.0f})")
 
     def _timed(self, stage: int, spec: AttackSpec) -> tuple[float, float]:
@@ -105,6 +105,10 @@ class Calibration:
         att = np.asarray(cols["attempted"], bool)
         units = np.nansum(cols["classifier_forward"][att]) + 2 * np.nansum(cols["classifier_backward"][att])
         return seconds, float(units)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s" if value >= 1 else f"{1e3 * value:.3g} ms"
 
 
 def _shortened(spec: AttackSpec, opt: str | None, short: int | None) -> AttackSpec:
