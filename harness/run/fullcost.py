@@ -2,18 +2,22 @@
 
 A calibration batch does not show it: a late stage meets only the samples the earlier stages left, and an attack
 that stops on the samples it breaks (Square's queries, APGD's restarts, the targets of a targeted attack) costs
-little on an easy one. So each stage is run shortened, to a few iterations or queries (``FEW_EFFORT`` of its
-``effort_option``) and to twice that, on a few calibration samples the defense classifies correctly, with the
-stage options of the run (:meth:`harness.run.shards.RunShards.stage_options`: EOT, evaluation repeats, the
-verdict's fresh instances, a stateful defense's fresh instance per pass, the run's criterion). That is the
-measured part: seconds and passes (a forward pass of the classifier on one image 1, a backward pass 2), hence
-seconds per pass, and the passes one more iteration or query adds. The extrapolated part: the passes of the whole
-budget per sample, the larger of the declared budget (``Attack.budget``: iterations × restarts × target classes ×
-EOT draws × 3 for a gradient attack, queries × restarts × EOT draws for a gradient-free one, plus the evaluation
-repeats) and the shortened run's passes plus the measured passes per iteration or query times those left. An
-attack without an effort option is run whole, and the larger of its passes and its declared budget taken. The
-cost of a stage on a sample is that many passes at the measured seconds per pass, and never less than what the
-shortened runs took per sample.
+little on an easy one. So each stage is run shortened to a few
+iterations or queries (``FEW_EFFORT`` of its ``effort_option``), then again with twice as many, doubled until the
+longer run takes ``MIN_SECONDS`` more or reaches the whole budget, on a few calibration samples the defense
+classifies correctly, with the stage options of the run (:meth:`harness.run.shards.RunShards.stage_options`: EOT,
+evaluation repeats, the verdict's fresh instances, a stateful defense's fresh instance per pass, the run's
+criterion).
+
+Measured: the seconds and passes of both runs (a forward pass of the classifier on one image 1, a backward pass 2);
+their difference gives the seconds one more pass costs and the passes one more iteration or query adds, the rest of
+the shorter run the stage's set-up (evaluation and checks). Extrapolated: the passes of the whole budget per sample,
+the larger of the declared budget (``Attack.budget``: iterations × restarts × target classes × EOT draws × 3 for a
+gradient attack, queries × restarts × EOT draws for a gradient-free one, plus the evaluation repeats) and the
+shorter run's passes plus the measured passes per iteration or query times those left. An attack without an effort
+option is run whole, and the larger of its passes and its declared budget taken. A stage's cost on a sample is its
+set-up plus that many passes at the measured seconds per pass (the mean over both runs where the longer one added
+no pass), and never less than what a shortened run took per sample.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from harness.run.stage import clean_stage, run_stage
 
 FEW_EFFORT = 4  # iterations or queries of the shortened run
 FEW_SAMPLES = 2  # clean-correct calibration samples it attacks
+MIN_SECONDS = 0.5  # the longer run doubles its iterations until it takes this much longer than the shorter one
 
 
 @dataclass(frozen=True)
@@ -72,24 +77,28 @@ class Calibration:
             return None
         opt, effort = attack.capabilities.effort_option, attack.effort()
         short = min(effort, FEW_EFFORT) if opt and effort else None
-        seconds, units = self._timed(stage, _shortened(spec, opt, short))
-        m, cfg, longest = len(self.rows), self.ctx.cfg, seconds
-        scaled = units / m  # the passes per sample of the whole attack, from the shortened run(s)
-        if short and effort and effort > short:  # a second run, twice as long: the passes per iteration or query
-            longer = min(effort, 2 * short)
-            seconds2, units2 = self._timed(stage, _shortened(spec, opt, longer))
-            scaled += max(units2 - units, 0.0) / m / (longer - short) * (effort - short)
-            seconds, units, longest = seconds + seconds2, units + units2, max(seconds, seconds2)
+        s1, u1 = self._timed(stage, _shortened(spec, opt, short))
+        m, cfg, s2, u2, longer = len(self.rows), self.ctx.cfg, s1, u1, short
+        while short and effort and longer and longer < effort and (longer == short or s2 - s1 < MIN_SECONDS):
+            longer = min(effort, 2 * longer)  # a longer run, until the difference stands out of the timing noise
+            s2, u2 = self._timed(stage, _shortened(spec, opt, longer))
+        scaled = u1 / m  # the passes per sample of the whole attack, from the shortened runs
+        if short and effort and longer and longer > short:
+            scaled += max(u2 - u1, 0.0) / m / (longer - short) * (effort - short)
         declared = _declared_passes(attack, resolved, self.ctx.defense.num_classes, cfg.eval_repeats or 1)
         passes = max(declared, scaled)
         on = f"{m} clean-correct sample(s)" if self.correct else f"{m} sample(s) (none classified correctly)"
-        ran = f"{short} and {min(effort, 2 * short)} of {effort} {opt}" if short and effort else "the whole attack"
-        if units <= 0:  # no pass of the classifier counted: only the measured time is known
-            return FullCost(longest / m, f"measured: {ran} on {on}, no classifier pass counted; not extrapolated")
-        rate = seconds / units
-        return FullCost(max(longest / m, passes * rate),
-                        f"measured: {ran} on {on}, {_seconds(rate)} per pass; extrapolated: {passes:,.0f} passes "
-                        f"per sample (declared budget {declared:,.0f}; from the shortened runs {scaled:,.0f})")
+        ran = f"{short} and {longer} of {effort} {opt}" if short and effort else "the whole attack"
+        if u1 + u2 <= 0:  # no pass of the classifier counted: only the measured time is known
+            return FullCost(max(s1, s2) / m, f"measured: {ran} on {on}, no classifier pass counted; not extrapolated")
+        if u2 > u1 and s2 > s1:  # what one more pass costs, and the stage's set-up (evaluation, checks) once
+            rate, setup = (s2 - s1) / (u2 - u1), max(s1 - u1 * (s2 - s1) / (u2 - u1), 0.0)
+        else:  # the longer run added no pass (it broke the samples early): the mean over both
+            rate, setup = (s1 + s2) / (u1 + u2), 0.0
+        return FullCost(max(max(s1, s2) / m, setup / m + passes * rate),
+                        f"measured: {ran} on {on}, {_seconds(rate)} per pass, {_seconds(setup / m)} set-up per "
+                        f"sample; extrapolated: {passes:,.0f} passes per sample (declared budget {declared:,.0f}; "
+                        f"from the shortened runs {scaled:,.0f})")
 
     def _timed(self, stage: int, spec: AttackSpec) -> tuple[float, float]:
         """Seconds (on the clock) and passes (forward 1, backward 2, on the classifier) of ``spec`` on the chosen
