@@ -85,7 +85,9 @@ class Calibration:
         scaled = u1 / m  # the passes per sample of the whole attack, from the shortened runs
         if short and effort and longer and longer > short:
             scaled += max(u2 - u1, 0.0) / m / (longer - short) * (effort - short)
-        declared = _declared_passes(attack, resolved, self.ctx.defense.num_classes, cfg.eval_repeats or 1)
+        repeats = cfg.eval_repeats or 1  # each rung before the last adds an evaluation
+        declared = _declared_passes(attack, resolved, self.ctx.defense.num_classes, repeats)
+        declared += repeats * len([r for r in spec.schedule()[0] if effort is None or r < effort])
         passes = max(declared, scaled)
         on = f"{m} clean-correct sample(s)" if self.correct else f"{m} sample(s) (none classified correctly)"
         ran = f"{short} and {longer} of {effort} {opt}" if short and effort else "the whole attack"
