@@ -77,7 +77,11 @@ class Calibration:
             return None
         opt, effort = attack.capabilities.effort_option, attack.effort()
         short = min(effort, FEW_EFFORT) if opt and effort else None
-        s1, u1 = self._timed(stage, _shortened(spec, opt, short))
+        try:
+            s1, u1 = self._timed(stage, _shortened(spec, opt, short))
+        except ValueError:  # an attack that refuses so few iterations (a UsageError naming it): timed whole
+            short = None
+            s1, u1 = self._timed(stage, _shortened(spec, opt, short))
         m, cfg, s2, u2, longer = len(self.rows), self.ctx.cfg, s1, u1, short
         while short and effort and longer and longer < effort and (longer == short or s2 - s1 < MIN_SECONDS):
             longer = min(effort, 2 * longer)  # a longer run, until the difference stands out of the timing noise
@@ -90,7 +94,8 @@ class Calibration:
         declared += repeats * len([r for r in spec.schedule()[0] if effort is None or r < effort])
         passes = max(declared, scaled)
         on = f"{m} clean-correct sample(s)" if self.correct else f"{m} sample(s) (none classified correctly)"
-        ran = f"{short} and {longer} of {effort} {opt}" if short and effort else "the whole attack"
+        ran = "the whole attack" if not (short and effort) else (
+            f"all {effort} {opt}" if longer == short else f"{short} and {longer} of {effort} {opt}")
         if u1 + u2 <= 0:  # no pass of the classifier counted: only the measured time is known
             return FullCost(max(s1, s2) / m, f"measured: {ran} on {on}, no classifier pass counted; not extrapolated")
         if u2 > u1 and s2 > s1:  # what one more pass costs, and the stage's set-up (evaluation, checks) once
