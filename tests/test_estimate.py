@@ -37,8 +37,10 @@ def test_estimate_times_every_stage_and_writes_nothing(tiny_data_root, tmp_path)
 
 
 def test_every_attack_attempts_every_sample(tiny_data_root, tmp_path):
+    """Every stage attempts every sample, but an attack may still stop early on what it breaks: the expected time is
+    the cascade's, the worst case each stage at its whole budget."""
     est = runner.estimate_run(_cfg(tiny_data_root, tmp_path, every_attack=True), defense=_tiny(), samples=16)
-    assert all(s.attempted == 1.0 for s in est.stages) and est.expected() == pytest.approx(est.worst())
+    assert all(s.attempted == 1.0 for s in est.stages) and est.expected() <= est.worst()
 
 
 def test_cli_estimate_prints_and_exits(tiny_data_root, tmp_path, capsys):
@@ -133,3 +135,140 @@ def test_time_left_is_weighted_by_the_cost_of_the_stages_left():
     log.start_phase("attacks", 50, stages=["pgd"], then="escalations if a diagnostic fires")
     log.stage_done(shard=0, n_shards=1, stage="pgd", size=50, attempted=50, robust=40, seconds=1.0)
     assert log.left_text().endswith("0s left, then escalations if a diagnostic fires")  # not "done" before them
+
+
+# -- the worst case bounds the run: a clock that counts the images the classifier sees ------------------------------
+class _Passes:
+    """A clock: 1 ms per image the classifier is run on. Copies of the defense (the verdict's fresh instances)
+    share it, so it counts every pass of the estimate and of the run alike."""
+
+    def __init__(self) -> None:
+        self.images = 0
+
+    def __call__(self) -> float:
+        return self.images * 1e-3
+
+    def __deepcopy__(self, memo: dict) -> "_Passes":
+        return self
+
+
+class _Brightness(torch.nn.Module):
+    """Classifies an image by its mean brightness, class c centred on 0.05 + 0.1 c: within ε = 0.03 an image at a
+    centre stays in its class (robust), one 0.006 below the next class's boundary does not."""
+
+    def __init__(self, clock: _Passes) -> None:
+        super().__init__()
+        self.clock, self.centres = clock, torch.nn.Parameter(0.05 + 0.1 * torch.arange(10.0), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.images += x.shape[0]
+        return -((x.mean(dim=(1, 2, 3))[:, None] - self.centres) / 0.05) ** 2
+
+
+def _brightness_data(root, fragile: int, robust: int):
+    """``fragile`` images just below a class boundary first (the calibration batch), then ``robust`` images at class
+    centres; labelled by the brightness class."""
+    import numpy as np
+
+    level = [0.1 * (c + 1) - 0.006 for c in range(fragile)] + [0.05 + 0.1 * (2 + c % 6) for c in range(robust)]
+    x = np.stack([np.full((32, 32, 3), round(v * 255), np.uint8) for v in level])
+    y = np.array([c for c in range(fragile)] + [2 + c % 6 for c in range(robust)], np.int64)
+    root.mkdir(parents=True)
+    np.savez(root / "cifar10_test.npz", x=x, y=y)
+    return root
+
+
+def test_worst_case_bounds_the_run_when_late_stages_meet_only_broken_calibration_samples(tmp_path):
+    """PGD breaks every calibration sample, so Square meets none there; in the run Square spends its whole budget on
+    every robust sample. The worst case, timed on the same clock, is not below the run's time."""
+    clock = _Passes()
+    defense = lambda: Defense(_Brightness(clock).eval(), None, num_classes=10, name="brightness")  # noqa: E731
+    root = _brightness_data(tmp_path / "data", fragile=4, robust=12)
+    est = runner.estimate_run(_brightness_cfg(root, tmp_path / "est"), defense=defense(), samples=4, clock=clock)
+    square = next(s for s in est.stages if s.name == "square")
+    assert square.attempted == 0.0  # the calibration cascade left Square nothing
+    before = clock()
+    run_dir = runner.run(_brightness_cfg(root, tmp_path / "run"), defense=defense())
+    run_seconds = clock() - before
+    from harness.store.rundir import load_records
+
+    records = load_records(run_dir)
+    assert int(records[records.attack == "square"].attempted.sum()) == 12  # the robust samples, at the whole budget
+    assert est.worst() >= run_seconds, est.text()
+    assert "extrapolated" in square.how and "measured" in square.how
+
+
+def _brightness_cfg(root, out, **kw) -> RunConfig:
+    base = dict(defense="brightness", data_root=str(root), out=str(out), n=16, seed=0, attacks="pgd,square",
+                eps=0.03, shard_size=16, batch_size=16, eval_repeats=1, device="cpu", quiet=True, escalate=False,
+                attack_opts={"pgd.steps": 5, "square.queries": 200})
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_a_costly_calibration_is_cut_to_what_a_minute_allows(tmp_path):
+    """At 0.1 s per image the worst case of one calibration sample is tens of seconds: the default batch (8 of 16) is
+    cut so that calibrating cannot take much more than a minute, and the text says so and how to set it."""
+    clock = _Passes()
+    slow = lambda: clock.images * 0.1  # noqa: E731
+    root = _brightness_data(tmp_path / "data", fragile=4, robust=12)
+    est = runner.estimate_run(_brightness_cfg(root, tmp_path / "est"),
+                              defense=Defense(_Brightness(clock).eval(), None, num_classes=10, name="brightness"),
+                              clock=slow)
+    assert 0 < est.calibration < 8 and est.capped > 0
+    assert est.calibration * est.capped <= 60
+    assert "--estimate-samples K calibrates on K" in est.text()
+
+
+def test_stages_are_priced_with_the_run_s_stage_options(tmp_path, monkeypatch):
+    """The shortened runs that price a stage get exactly the options the run's stages get (the criterion, a stateful
+    defense's fresh instances, the verdict's), from the run's own shard context."""
+    from harness.run import fullcost, shards
+
+    seen, options = [], []
+    real_run_stage, real_options = fullcost.run_stage, shards.RunShards.stage_options
+
+    def run_stage(*args, **kw):
+        seen.append(kw)
+        return real_run_stage(*args, **kw)
+
+    def stage_options(self, shard, anchors):
+        options.append(real_options(self, shard, anchors))
+        return options[-1]
+
+    monkeypatch.setattr(fullcost, "run_stage", run_stage)
+    monkeypatch.setattr(shards.RunShards, "stage_options", stage_options)
+    root = _brightness_data(tmp_path / "data", fragile=4, robust=12)
+    clock = _Passes()
+    runner.estimate_run(_brightness_cfg(root, tmp_path / "est", decide_by="majority"),
+                        defense=Defense(_Brightness(clock).eval(), None, num_classes=10, name="brightness"),
+                        samples=4)
+    assert seen and all(kw["decide_by"] == "majority" and "fresh" in kw for kw in seen)
+    assert all(any(kw.keys() == o.keys() and all(kw[k] is o[k] for k in o) for o in options) for kw in seen)
+
+
+class _Counted(torch.nn.Module):
+    """A classifier that advances a :class:`_Passes` clock by the images it sees."""
+
+    def __init__(self, net: torch.nn.Module, clock: _Passes) -> None:
+        super().__init__()
+        self.net, self.clock = net, clock
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.images += x.shape[0]
+        return self.net(x)
+
+
+def test_a_costly_escalation_is_priced_not_run_on_the_calibration_batch(tiny_data_root, tmp_path):
+    """At 30 s per image, BPDA+EOT (which ``zero-grad`` adds) could take minutes on the calibration survivors: it is
+    not run there, and the expected time counts it at its whole budget on them."""
+    clock = _Passes()
+    slow = lambda: clock.images * 30.0  # noqa: E731
+    cfg = dict(escalate=True, probe_gradients=False, eps=0.25,
+               attack_opts={"steps": 2, "esc-bpda-eot.steps": 3, "esc-apgd-dlr.steps": 3})
+    defense = Defense(_Counted(TinyCNN().eval(), clock), _Quantize(), num_classes=10, name="tiny-quantized")
+    est = runner.estimate_run(_cfg(tiny_data_root, tmp_path / "est", **cfg), defense=defense, clock=slow)
+    bpda = next(s for s in est.stages if s.name == "esc-bpda-eot")
+    assert bpda.kind == "escalation" and "not run on the calibration batch" in bpda.why
+    assert bpda.attempted > 0 and bpda.seconds_per_sample == bpda.worst > 0
+    assert est.expected() > est.expected_without_escalation()

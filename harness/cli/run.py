@@ -25,11 +25,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="markdown", choices=REPORT_FORMATS,
                    help="format of the final table [default: markdown]")
     p.add_argument("--estimate", action="store_true",
-                   help="run the battery, its diagnostics and the escalations they add on a calibration batch "
-                        "(min(64, max(8, n/10)) samples), print the expected and worst-case wall time for this --n, "
-                        "and exit without running (runs of 1280+ samples also log it when they start)")
+                   help="time each stage on a few iterations and extrapolate to its whole budget (the worst case), "
+                        "run the battery, its diagnostics and the escalations they add on a calibration batch "
+                        "(min(64, max(8, n/10)) samples, fewer if they could take over a minute; the expected time), "
+                        "print both for this --n, and exit without running (runs of 1280+ samples also log it when "
+                        "they start)")
     p.add_argument("--estimate-samples", type=COUNT, metavar="K",
-                   help="with --estimate: calibrate on K samples [min(64, max(8, n/10))]")
+                   help="with --estimate: calibrate on K samples, however long they take "
+                        "[min(64, max(8, n/10)), fewer if they could take over a minute]")
     p.add_argument("--shard-slice", type=shard_slice, metavar="I/N",
                    help="compute only slice I of N (shards I, I+N, I+2N, ...; I from 0) into the same run directory, "
                         "for N jobs on shared storage such as a Slurm array; the last slice to finish completes the run")

@@ -1,33 +1,33 @@
-"""What a run will cost before it starts (``harness run --estimate``): run what the run runs on a calibration batch,
-escalations included, and scale to the requested n.
+"""What a run will cost before it starts (``harness run --estimate``): the expected time from the run's first
+shard computed on a calibration batch, and a worst case that prices every stage at its whole budget.
 
-The calibration batch is the first k of the run's samples, k = min(64, max(8, n // 10)) (``--estimate-samples K``
-sets it), computed as the run computes its first shard (:meth:`harness.run.shards.RunShards.run_shard`, into a
-temporary run directory that is then deleted): the clean stage, each battery stage on the samples still robust,
-the after-stage diagnostics (``harness.diagnostics.after_stage``), then the escalation stages those flags and the
-first-batch findings request (``harness.diagnostics.merge``), on the samples still robust after the battery.
-Per stage it measures the seconds per attempted sample and the fraction of samples the cascade attempted; a stage
-the cascade left nothing to attempt is timed alone on a few samples. Then, for n samples:
+Worst case (:mod:`harness.run.fullcost`): every stage, the escalations included, is run shortened to a few
+iterations or queries on a few calibration samples the defense classifies correctly, with the run's stage options;
+its seconds per pass are measured, the passes of its whole budget (iterations × restarts × target classes × EOT
+draws) extrapolated. Each stage is then counted on every sample at that price: a sample no attack breaks costs
+this. A calibration cascade cannot show it, since a late stage there meets only the samples the earlier ones left
+and an attack that stops on what it breaks costs little on easy samples.
+
+Expected: the calibration batch is the first k of the run's samples, k = min(64, max(8, n // 10))
+(``--estimate-samples K`` sets it), fewer when k samples at the worst case could cost more than
+``CALIBRATION_SECONDS``; it is computed as the run computes its first shard
+(:meth:`harness.run.shards.RunShards.run_shard`, into a temporary run directory that is then deleted): the clean
+stage, each battery stage on the samples still robust, the after-stage diagnostics, then the escalation stages
+those flags and the first-batch findings request (``harness.diagnostics.merge``). Per stage it measures the seconds
+per attempted sample and the fraction of samples the cascade attempted. Then, for n samples:
 
 - expected = Σ_stage (seconds per attempted sample) × (fraction attempted) × n + checks per shard × shards, over
   the clean stage, the battery and the escalations that fired on the calibration batch (also given without them);
-- worst case = the same with every stage attempting every sample (a defense robust on all of them, or
-  ``--every-attack``);
-- worst case with every possible escalation: plus, each on every sample, every escalation a flag could add after
-  some battery stage (``harness.diagnostics.escalation.possible``) that did not fire on the calibration batch.
-  These are not run (one Square attack on one image can cost minutes): a variant of a battery stage (more
-  iterations or EOT draws) is that stage's measured cost times the ratio of iterations and of draws; any other is
-  its whole declared budget (``Attack.budget``: iterations × restarts × EOT forward and backward passes, or
-  queries × EOT forward passes, plus the evaluation) at the seconds per pass the calibration stages took (a
-  backward pass counted as two forward passes, passes counted on the classifier).
+- worst case = Σ_stage (whole-budget seconds per sample) × n + checks, with the same stages;
+- worst case with every possible escalation: plus every escalation a flag could add after some battery stage
+  (``harness.diagnostics.escalation.possible``) that did not fire, each priced the same way.
 
 Measured with the defense's own passes, EOT draws, evaluation repeats and verdict checks, on the run's device and
 threads, so a purifier's cost is in it. "Checks per shard" is the time of a shard besides its stages (the
-after-stage diagnostics and writing the records), measured on the calibration batch: the costly checks probe at
-most 8 of the samples an attack failed on, the noise check 64, so a batch smaller than that measures less than a
-full shard spends. Not included: start-up (loading, the first-batch checks). Calibration batches are smaller than
-the run's batches, which makes the estimate pessimistic on hardware that gains from large batches. When n is so
-small that calibrating costs about as much as the run, the text says so: just run it.
+after-stage diagnostics and writing the records), measured on the calibration batch. Not included: start-up
+(loading, the first-batch checks). Calibration batches are smaller than the run's batches, which makes the
+estimate pessimistic on hardware that gains from large batches. When n is so small that calibrating costs about
+as much as the run, the text says so: just run it.
 """
 from __future__ import annotations
 
@@ -36,30 +36,26 @@ import math
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from harness.api.attack import Attack
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
-from harness.api.threat import Threat
-from harness.battery.presets import ESCALATION_PREFIX
-from harness.battery.resolve import GradientProbe, Resolved, resolve
+from harness.battery.resolve import GradientProbe
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import escalation
 from harness.diagnostics.merge import collect_escalations
-from harness.run._acceleration import as_input
+from harness.run.fullcost import Calibration, FullCost
 from harness.run.phases import ATTACKS, ESCALATION
 from harness.run.shards import RunShards
-from harness.run.stage import run_stage
 from harness.run.verdict import Verifier
 from harness.sources.datasets import TestSet
 from harness.store.rundir import RunStore
 
 CALIBRATION_SAMPLES = 64  # the most calibration samples by default
 CALIBRATION_MIN, CALIBRATION_SHARE = 8, 10  # at least 8, else a tenth of n
-FEW = 2  # samples on which a stage the calibration cascade left nothing to attempt is timed alone
+CALIBRATION_SECONDS = 60.0  # fewer calibration samples when as many could cost more than this at the worst case
 
 
 def calibration_samples(n: int, requested: int | None = None) -> int:
@@ -75,6 +71,8 @@ class StageCost:
     attempted: float  # fraction of samples the cascade attempts (1.0 with --every-attack and for clean)
     kind: str = "battery"  # clean, battery, escalation (fired on the calibration batch) or possible (did not fire)
     why: str = ""  # what added the stage, and how its cost was measured when not as in the run
+    worst: float = 0.0  # seconds per sample on which it spends its whole budget (harness.run.fullcost)
+    how: str = ""  # how ``worst`` was found: what was measured, what extrapolated
 
 
 @dataclass(frozen=True)
@@ -86,9 +84,10 @@ class Estimate:
     checks_per_shard: float = 0.0  # a shard's time besides its stages (diagnostics, writing), measured per batch
     shards: int = 1
     batch: int = 0  # samples per attack call in the run (0: not known)
+    capped: float = 0.0  # the worst-case seconds of one calibration sample when it made the batch smaller, else 0
 
     def _total(self, kinds: Sequence[str], worst: bool) -> float:
-        stages = sum(s.seconds_per_sample * (1.0 if worst else s.attempted) for s in self.stages if s.kind in kinds)
+        stages = sum(s.worst if worst else s.seconds_per_sample * s.attempted for s in self.stages if s.kind in kinds)
         return stages * self.n + self.checks_per_shard * self.shards
 
     def expected_without_escalation(self) -> float:
@@ -99,6 +98,7 @@ class Estimate:
         return self._total(("clean", "battery", "escalation"), worst=False)
 
     def worst(self) -> float:
+        """Every stage, and the escalations that fired, on every sample at its whole budget."""
         return self._total(("clean", "battery", "escalation"), worst=True)
 
     def worst_possible(self) -> float:
@@ -117,22 +117,22 @@ class Estimate:
     def text(self) -> str:
         n, fired = self.n, [s for s in self.stages if s.kind == "escalation"]
         possible = [s for s in self.stages if s.kind == "possible"]
+        checks = duration(self.checks_per_shard * self.shards)
         rows = [f"Estimate for {n:,} samples ({self.shards} shard{'s' * (self.shards != 1)}), from {self.calibration} "
                 f"calibration samples ({duration(self.calibration_seconds)}, {torch.get_num_threads()} CPU threads):",
                 "| stage | in the run because | s per attempted sample | attempted (calibration cascade) | expected | "
-                "worst case |", "|---|---|---|---|---|---|"]
-        for s in self.stages:
-            if s.kind != "possible":
-                rows.append(f"| {s.name} | {s.why or s.kind} | {s.seconds_per_sample:.4f} | {100 * s.attempted:.0f}% | "
-                            f"{duration(s.seconds_per_sample * s.attempted * n)} | {duration(s.seconds_per_sample * n)} |")
+                "s per sample at its whole budget | worst case | worst case priced from |", "|---|---|---|---|---|---|---|---|"]
+        rows += [self._row(s) for s in self.stages if s.kind != "possible"]
         rows.append(f"| checks | diagnostics after each stage and writing records, {duration(self.checks_per_shard)} "
-                    f"per shard | | | {duration(self.checks_per_shard * self.shards)} | "
-                    f"{duration(self.checks_per_shard * self.shards)} |")
-        rows.append(f"| total | | | | {duration(self.expected())} | {duration(self.worst())} |")
-        for s in possible:
-            rows.append(f"| {s.name} | {s.why} | {s.seconds_per_sample:.4f} | | | {duration(s.seconds_per_sample * n)} |")
+                    f"per shard | | | {checks} | | {checks} | measured on the calibration batch |")
+        rows.append(f"| total | | | | {duration(self.expected())} | | {duration(self.worst())} | |")
+        rows += [self._row(s) for s in possible]
         if possible:
-            rows.append(f"| total with every possible escalation | | | | | {duration(self.worst_possible())} |")
+            rows.append(f"| total with every possible escalation | | | | | | {duration(self.worst_possible())} | |")
+        rows.append("The worst case counts every stage on every sample at its whole budget (a sample no attack "
+                    "breaks): a few iterations or queries are timed on clean-correct calibration samples with the "
+                    "run's stage options (measured), the passes of the whole budget are counted from it and from the "
+                    "attack's declared budget (extrapolated), as each row says.")
         if fired:
             rows.append(f"Included: the escalations {', '.join(s.name for s in fired)}: their flags fired on the "
                         "calibration batch, and a run adds an escalation when any shard raises its flag (it runs on "
@@ -141,10 +141,26 @@ class Estimate:
                     f"{len(fired)} escalation(s) that fired on the calibration batch {duration(self.expected())} "
                     f"expected, {duration(self.worst())} worst case"
                     + (f"; with every escalation the diagnostics could add on other samples "
-                       f"{duration(self.worst_possible())} worst case (costs as each row says)." if possible
+                       f"{duration(self.worst_possible())} worst case." if possible
                        else "; no other escalation can be added."))
+        rows += self._caveats()
+        return "\n".join(rows)
+
+    def _row(self, s: StageCost) -> str:
+        per = f"{s.seconds_per_sample:.4f}" if s.attempted or s.kind == "clean" else "none attempted"
+        expected = ("", "") if s.kind == "possible" else (per, f"{100 * s.attempted:.0f}%")
+        cost = "" if s.kind == "possible" else duration(s.seconds_per_sample * s.attempted * self.n)
+        return (f"| {s.name} | {s.why or s.kind} | {expected[0]} | {expected[1]} | {cost} | {s.worst:.4f} | "
+                f"{duration(s.worst * self.n)} | {s.how} |")
+
+    def _caveats(self) -> list[str]:
+        rows = []
+        if self.capped:
+            rows.append(f"The calibration batch is {self.calibration} sample(s): at the worst case one costs "
+                        f"{duration(self.capped)}, so more could take over {duration(CALIBRATION_SECONDS)} "
+                        "(--estimate-samples K calibrates on K); the expected time is rougher for it.")
         if self.small_n():
-            rows.append(f"n = {n} is small: this calibration ({self.calibration} samples, "
+            rows.append(f"n = {self.n} is small: this calibration ({self.calibration} samples, "
                         f"{duration(self.calibration_seconds)}) costs about as much as the run itself; just run it "
                         "(or time fewer samples with --estimate-samples K).")
         if self.calibration < self.batch:
@@ -152,7 +168,7 @@ class Estimate:
                         f"the run's batches (up to {self.batch}): where a call costs about the same for few samples as "
                         "for many (a small model on a CPU), the times above are too high.")
         rows.append("Not included: start-up (loading the defense and data, the first-batch checks).")
-        return "\n".join(rows)
+        return rows
 
 
 def duration(seconds: float) -> str:
@@ -165,92 +181,99 @@ def duration(seconds: float) -> str:
     return f"{s}s"
 
 
-class _Calibration:
-    """The calibration batch on the run's defense, device and settings: what times a stage alone."""
-
-    def __init__(self, cfg: RunConfig, defense: Defense, x: torch.Tensor, y: torch.Tensor,
-                 probe: GradientProbe | None, verifier: Verifier | None, threat: Threat | None) -> None:
-        self.cfg, self.defense, self.x, self.y, self.probe, self.verifier = cfg, defense, x, y, probe, verifier
-        self.threat = threat  # the run's threat model (RunShards builds it from the config)
-
-    def resolved(self, spec: AttackSpec) -> tuple[Attack, Resolved]:
-        cfg = self.cfg
-        attack = spec.build(cfg.eps, cfg.norm)
-        return attack, resolve(spec, attack, stochastic=self.defense.stochastic, run_grad=cfg.grad, run_eot=cfg.eot,
-                               autocast=cfg.autocast, probe=self.probe)
-
-    def time_alone(self, stage: int, spec: AttackSpec, k: int) -> float:
-        """Seconds per sample of ``spec`` on the first ``k`` calibration samples, all attempted (0: it would be
-        skipped)."""
-        cfg, x, y = self.cfg, self.x[:k], self.y[:k]
-        attack, resolved = self.resolved(spec)
-        if resolved.skip:
-            return 0.0
-        t0 = time.perf_counter()
-        run_stage(stage, spec, attack, self.defense, x, y, torch.ones(k, dtype=torch.bool, device=x.device),
-                  grad=cfg.grad, eot=cfg.eot, repeats=cfg.eval_repeats or 1, run_seed=cfg.seed, shard=0,
-                  batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe, verifier=self.verifier,
-                  anchors=x, threat=self.threat)
-        return (time.perf_counter() - t0) / k
-
-
 def estimate(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int], device: torch.device, *,
              samples: int | None = None, probe: GradientProbe | None = None, findings: Sequence[dict[str, Any]] = (),
-             verifier: Verifier | None = None, stateful: bool = False) -> Estimate:
-    """Compute the first ``samples`` of ``indices`` (default: :func:`calibration_samples`) as the run's first shard,
-    escalations included, and scale to ``len(indices)``. ``cfg``: resolved by ``harness.run.runner.prepare``;
-    ``probe``, ``findings``, ``verifier``, ``stateful``: the first-batch checks' (``harness.run._placement``)."""
-    start, n = time.perf_counter(), len(indices)
+             verifier: Verifier | None = None, stateful: bool = False,
+             clock: Callable[[], float] | None = None) -> Estimate:
+    """Price every stage at its whole budget (:mod:`harness.run.fullcost`), compute the first ``samples`` of
+    ``indices`` (default: :func:`calibration_samples`, fewer when that could take more than
+    ``CALIBRATION_SECONDS``) as the run's first shard, escalations included, and scale to ``len(indices)``.
+    ``cfg``: resolved by ``harness.run.runner.prepare``; ``probe``, ``findings``, ``verifier``, ``stateful``: the
+    first-batch checks' (``harness.run._placement``); ``clock``: what times everything [``time.perf_counter``]."""
+    clock = clock or time.perf_counter
+    start, n = clock(), len(indices)
     k = calibration_samples(n, samples)
     calib = dataclasses.replace(cfg, quiet=True, save_adversarials=False, escalations=[])
     base = [AttackSpec.from_dict(s) for s in cfg.battery]
-    x, y = data.get(indices[:k], device)
     with tempfile.TemporaryDirectory(prefix="harness-estimate-") as tmp:
         store = RunStore(tmp)
         # a probed stage timed on every survivor: its cost when its probe is extended
         ctx = RunShards(calib, defense, data, store, device, k, 1, probe=probe, verifier=verifier, stateful=stateful,
-                        defer_probes=False)
-        cal = _Calibration(calib, defense, as_input(x, cfg.channels_last), y, probe, verifier, ctx.threat)
+                        defer_probes=False, clock=clock)
         try:
-            t0 = time.perf_counter()
+            cal = Calibration(ctx, indices[:k], clock)
+            full = {spec.name: cal.full_cost(stage, spec) for stage, spec in enumerate(base, start=1)}
+            at_worst = cal.clean_seconds + sum(c.seconds for c in full.values() if c is not None)
+            capped = samples is None and k * at_worst > CALIBRATION_SECONDS
+            k = max(1, min(k, int(CALIBRATION_SECONDS / at_worst))) if capped else k
+            t0 = clock()
             done = ctx.steps(ATTACKS)[2](0, indices[:k])
-            wall = time.perf_counter() - t0
+            wall = clock() - t0
+            side = store.read_side(0)
+            left = int(side["attacks"][base[-1].name]["robust_after"]) if base else k  # after the battery
             fired = collect_escalations(store, 1, base, findings, cfg.attack_opts) if cfg.escalate else []
             calib.escalations = [e.to_dict() for e in fired]
-            if fired:
-                t0 = time.perf_counter()
+            full.update({e.name: cal.full_cost(stage, e) for stage, e in enumerate(fired, start=len(base) + 1)})
+            esc_worst = left * sum(c.seconds for e in fired if (c := full[e.name]) is not None)
+            run_fired = bool(fired) and (samples is not None or esc_worst <= CALIBRATION_SECONDS)
+            if run_fired:
+                t0 = clock()
                 done += ctx.steps(ESCALATION)[2](0, indices[:k])
-                wall += time.perf_counter() - t0
-            records, side = store.read_shard(0), store.read_side(0)
+                wall += clock() - t0
+                side = store.read_side(0)
+            why = _reasons([*findings, *side.get("diagnostics", [])], len(base))
+            costs = [StageCost("clean", cal.clean_seconds, 1.0, "clean", "always", cal.clean_seconds,
+                               "measured on the calibration batch")]
+            costs += _stage_costs([*base, *fired] if run_fired else base, len(base), done, side, full, why, k)
+            if fired and not run_fired:
+                costs += _not_run(fired, full, why, left, k, esc_worst)
+            if cfg.escalate:
+                costs += _possible(cal, base, {c.name for c in costs}, left / k)
         finally:
             ctx.close()
-    clean = float(records[records.stage == 0].time_s.sum())
-    costs = [StageCost("clean", clean / k, 1.0, "clean", "always")]
-    why = _reasons([*findings, *side.get("diagnostics", [])], len(base))
-    measured: dict[str, float] = {}
-    for stage, (spec, row) in enumerate(zip([*base, *fired], done), start=1):
-        kind = "battery" if stage <= len(base) else "escalation"
+    checks = max(0.0, wall - cal.clean_seconds * k - sum(r["seconds"] for r in done))
+    return Estimate(n, k, costs, clock() - start, checks, math.ceil(n / cfg.shard_size),
+                    min(cfg.batch_size, cfg.shard_size, n), at_worst if capped else 0.0)
+
+
+def _stage_costs(specs: list[AttackSpec], n_base: int, done: list[dict[str, Any]], side: dict[str, Any],
+                 full: dict[str, FullCost | None], why: dict[str, list[str]], k: int) -> list[StageCost]:
+    """The battery's and the fired escalations' costs: measured per attempted sample in the calibration cascade
+    (the whole-budget price where the cascade left it nothing), and priced at the whole budget for the worst case."""
+    costs = []
+    for stage, (spec, row) in enumerate(zip(specs, done), start=1):
+        kind = "battery" if stage <= n_base else "escalation"
         reason = "battery" if kind == "battery" else "fired: " + "; ".join(why.get(spec.name, []))
         if kind == "battery" and spec.schedule()[1] is not None:
             reason += "; probed: timed on every survivor, its cost if its probe breaks one (else on the probe only)"
+        price = full.get(spec.name)
+        worst, how = (price.seconds, price.how) if price is not None else (0.0, "skipped by the run")
         skipped = side["attacks"].get(spec.name, {}).get("skipped", "")
         if skipped:
-            costs.append(StageCost(spec.name, 0.0, 0.0, kind, f"{reason}; skipped on the calibration batch: {skipped}"))
-            continue
-        if row["attempted"]:
+            costs.append(StageCost(spec.name, 0.0, 0.0, kind, f"{reason}; skipped on the calibration batch: {skipped}",
+                                   worst, how))
+        elif row["attempted"]:
             per = row["seconds"] / row["attempted"]
+            costs.append(StageCost(spec.name, per, row["attempted"] / k, kind, reason, max(per, worst), how))
         else:
-            per = cal.time_alone(stage, spec, min(FEW, k))
-            reason += f"; the cascade left no sample, timed alone on {min(FEW, k)}"
-        measured[spec.name] = per
-        costs.append(StageCost(spec.name, per, row["attempted"] / k, kind, reason))
-    survivors = float(side["attacks"][base[-1].name]["robust_after"]) / k if base else 1.0
-    taken = {c.name for c in costs}
-    if cfg.escalate:
-        costs += _possible(cal, base, measured, taken, survivors, _unit_seconds(records, done))
-    checks = max(0.0, wall - clean - sum(r["seconds"] for r in done))
-    return Estimate(n, k, costs, time.perf_counter() - start, checks, math.ceil(n / cfg.shard_size),
-                    min(cfg.batch_size, cfg.shard_size, n))
+            costs.append(StageCost(spec.name, worst, 0.0, kind, f"{reason}; the cascade left it no sample", worst,
+                                   how))
+    return costs
+
+
+def _not_run(fired: list[AttackSpec], full: dict[str, FullCost | None], why: dict[str, list[str]], left: int,
+             k: int, worst: float) -> list[StageCost]:
+    """Escalations that fired but were not run on the calibration batch (on its ``left`` survivors, at their whole
+    budget, they could take ``worst`` seconds, over ``CALIBRATION_SECONDS``): expected at their whole budget."""
+    out = []
+    for spec in fired:
+        price = full.get(spec.name)
+        per, how = (price.seconds, price.how) if price is not None else (0.0, "skipped by the run")
+        out.append(StageCost(spec.name, per, left / k, "escalation",
+                             f"fired: {'; '.join(why.get(spec.name, []))}; not run on the calibration batch (its "
+                             f"{left} survivor(s) could take {duration(worst)}): expected at its whole budget",
+                             per, how))
+    return out
 
 
 def _reasons(flags: Sequence[dict[str, Any]], n_base: int) -> dict[str, list[str]]:
@@ -266,11 +289,10 @@ def _reasons(flags: Sequence[dict[str, Any]], n_base: int) -> dict[str, list[str
     return out
 
 
-def _possible(cal: _Calibration, base: list[AttackSpec], measured: dict[str, float], taken: set[str],
-              survivors: float, unit: float) -> list[StageCost]:
+def _possible(cal: Calibration, base: list[AttackSpec], taken: set[str], survivors: float) -> list[StageCost]:
     """The escalations a flag after some battery stage could add that did not fire on the calibration batch, each
-    with its cost per attempted sample (how it was found in ``why``); none of them is run."""
-    cfg, defense = cal.cfg, cal.defense
+    priced at its whole budget (:meth:`Calibration.full_cost`: a few iterations timed, the rest extrapolated)."""
+    cfg, defense = cal.ctx.cfg, cal.ctx.defense
     has_aux = _has_aux(defense, cal.x[:1])
     out: list[StageCost] = []
     for stage, spec in enumerate(base, start=1):
@@ -288,55 +310,11 @@ def _possible(cal: _Calibration, base: list[AttackSpec], measured: dict[str, flo
                 if key.rpartition(".")[0] == entry["name"]:
                     entry["options"][key.rpartition(".")[2]] = value
             esc = AttackSpec.from_dict(entry)
-            why = f"possible: {code.value} on {spec.name}, did not fire on the calibration batch; "
-            if entry["attack"] == spec.attack and entry["name"].startswith(f"{ESCALATION_PREFIX}{spec.name}-") \
-                    and spec.name in measured:
-                factor = _scale(cal, spec, esc)
-                per, why = measured[spec.name] * factor, why + f"{factor:g} x {spec.name}'s measured cost"
-            else:
-                passes = _passes(cal, esc)
-                per, why = passes * unit, why + f"its whole budget, {passes:,.0f} pass units at the measured rate"
-            out.append(StageCost(esc.name, per, survivors, "possible", why))
+            price = cal.full_cost(len(base) + 1, esc)
+            if price is not None:
+                why = f"possible: {code.value} on {spec.name}, did not fire on the calibration batch"
+                out.append(StageCost(esc.name, price.seconds, survivors, "possible", why, price.seconds, price.how))
     return out
-
-
-def _passes(cal: _Calibration, spec: AttackSpec) -> float:
-    """Pass units (a forward pass of the defense on one image 1, a backward pass 2) ``spec`` spends per sample when
-    it spends its whole declared budget, evaluation included."""
-    attack, resolved = cal.resolved(spec)
-    b, eot = attack.budget(), max(int(resolved.eot), 1)
-    if attack.capabilities.uses_gradients:
-        return 3.0 * max(b.iterations, 1) * max(b.restarts, 1) * eot + (cal.cfg.eval_repeats or 1)
-    return 1.0 * max(b.queries, b.iterations, 1) * max(b.restarts, 1) * eot + (cal.cfg.eval_repeats or 1)
-
-
-def _unit_seconds(records: Any, done: list[dict[str, Any]]) -> float:
-    """Seconds per pass unit (forward 1, backward 2, counted on the classifier) over the stages that ran on the
-    calibration batch (their whole time: attack, evaluation, verdict); from the clean stage's forward passes if no
-    attack stage ran."""
-    seconds = units = 0.0
-    for row in done:
-        ran = records[(records.attack == row["stage"]) & records.attempted]
-        if row["attempted"] and len(ran):
-            units += float(ran.classifier_forward.iloc[0] + 2 * ran.classifier_backward.iloc[0]) * row["attempted"]
-            seconds += row["seconds"]
-    if units > 0:
-        return seconds / units
-    clean = records[records.stage == 0]
-    return float(clean.time_s.sum()) / max(float(clean.classifier_forward.sum()), 1.0)
-
-
-def _effort(attack: Attack) -> int | None:
-    opt = attack.capabilities.effort_option
-    value = attack.config().get(opt) if opt else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _scale(cal: _Calibration, spec: AttackSpec, variant: AttackSpec) -> float:
-    """How much more a variant of a battery stage spends: the ratio of iterations (or queries) times that of EOT."""
-    (a, ra), (b, rb) = cal.resolved(spec), cal.resolved(variant)
-    ea, eb = _effort(a), _effort(b)
-    return (eb / ea if ea and eb else 1.0) * max(int(rb.eot), 1) / max(int(ra.eot), 1)
 
 
 def _has_aux(defense: Defense, x: torch.Tensor) -> bool:

@@ -11,6 +11,7 @@ the stored records' seeds, a resumed run goes on exactly like an uninterrupted o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -110,9 +111,10 @@ def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int
     return list(range(i, n_shards, n))
 
 
-def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int | None = None) -> Estimate:
+def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int | None = None,
+                 clock: Callable[[], float] | None = None) -> Estimate:
     """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.run.estimate`); runs
-    nothing else and writes nothing."""
+    nothing else and writes nothing. ``clock``: what times it [``time.perf_counter``]."""
     cfg, defense, data, indices = prepare(cfg, defense)
     if cfg.threat == corruption_stages.THREAT:
         raise UsageError("--estimate times attack stages; a --threat corruptions run has none (it costs one evaluation "
@@ -120,7 +122,7 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
     placed = place_and_check(cfg, defense, data, indices)
     pf = placed.preflight
     return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
-                    findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
+                    findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful, clock=clock)
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,

@@ -42,7 +42,8 @@ class RunShards:
 
     def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
                  n_shards: int, *, probe: GradientProbe | None, verifier: Verifier | None,
-                 stateful: bool = False, defer_probes: bool = True, front: FrontEnd = FrontEnd.CLI) -> None:
+                 stateful: bool = False, defer_probes: bool = True, front: FrontEnd = FrontEnd.CLI,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg, self.defense, self.data, self.store, self.device, self.n = cfg, defense, data, store, device, n
         self.n_shards, self.probe, self.verifier = n_shards, probe, verifier
         # a defense that keeps state is queried on a fresh instance per pass (harness.diagnostics.preflight)
@@ -55,6 +56,7 @@ class RunShards:
         self.defer_probes = defer_probes  # probed stages wait for their phases (False: run as any stage, for --estimate)
         self.show_bars = bars_enabled(cfg.quiet, anywhere=front is FrontEnd.API)  # progress bars, else log lines
         self.progress = StageLog(log, enabled=not cfg.quiet and not self.show_bars)
+        self.clock = clock  # what times a stage and its checks (--estimate's tests inject one)
 
     def bar(self, name: str) -> Any:
         if not self.show_bars:
@@ -232,7 +234,7 @@ class RunShards:
                 save(k + 1)
                 continue
             self.progress.stage_start(shard=shard, n_shards=self.n_shards, stage=spec.name, attempted=int(before.sum()))
-            t0 = time.monotonic()
+            t0 = self.clock()
             options = self.stage_options(shard, anchors)
             rungs = spec.schedule()[0]
             extra: dict[str, Any] = {}
@@ -247,7 +249,7 @@ class RunShards:
                 outcome.robust_after = outcome.robust_after | deferred  # deferred samples pass the stage unchanged
                 cols["skipped"] = np.where(deferred.cpu().numpy(), plan.pending(), "")
                 extra["probe"] = plan.info(int(before.sum()))
-            seconds, t0 = time.monotonic() - t0, time.monotonic()  # the stage, then its diagnostics
+            seconds, t0 = self.clock() - t0, self.clock()  # the stage, then its diagnostics
             if not cfg.every_attack:
                 robust = outcome.robust_after
             frames.append(self._frame(cols, indices, y, shard, stage, spec.name))
@@ -268,7 +270,7 @@ class RunShards:
                 adv["x_adv"][spec.name] = full.cpu()
             self.bar(spec.name).update(len(indices))
             summary.append(dict(stage=spec.name, attempted=int(outcome.robust_before.sum()),
-                                robust=int(outcome.robust_after.sum()), seconds=seconds, checks=time.monotonic() - t0))
+                                robust=int(outcome.robust_after.sum()), seconds=seconds, checks=self.clock() - t0))
             self.stage_done(shard=shard, n_shards=self.n_shards, size=len(indices), **summary[-1])
             if k + 1 < len(specs):
                 save(k + 1)

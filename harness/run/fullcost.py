@@ -1,0 +1,150 @@
+"""What one stage costs on a sample it never breaks: the worst case of ``harness run --estimate``.
+
+A calibration batch does not show it: a late stage meets only the samples the earlier stages left, and an attack
+that stops on the samples it breaks (Square's queries, APGD's restarts, the targets of a targeted attack) costs
+little on an easy one. So each stage is run shortened to a few
+iterations or queries (``FEW_EFFORT`` of its ``effort_option``), then again with twice as many, doubled until the
+longer run takes ``MIN_SECONDS`` more or reaches the whole budget, on a few calibration samples the defense
+classifies correctly, with the stage options of the run (:meth:`harness.run.shards.RunShards.stage_options`: EOT,
+evaluation repeats, the verdict's fresh instances, a stateful defense's fresh instance per pass, the run's
+criterion).
+
+Measured: the seconds and passes of both runs (a forward pass of the classifier on one image 1, a backward pass 2);
+their difference gives the seconds one more pass costs and the passes one more iteration or query adds, the rest of
+the shorter run the stage's set-up (evaluation and checks). Extrapolated: the passes of the whole budget per sample,
+the larger of the declared budget (``Attack.budget``: iterations × restarts × target classes × EOT draws × 3 for a
+gradient attack, queries × restarts × EOT draws for a gradient-free one, plus the evaluation repeats) and the
+shorter run's passes plus the measured passes per iteration or query times those left. An attack without an effort
+option is run whole, and the larger of its passes and its declared budget taken. A stage's cost on a sample is its
+set-up plus that many passes at the measured seconds per pass (the mean over both runs where the longer one added
+no pass), and never less than what a shortened run took per sample.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from harness.api.attack import Attack
+from harness.battery.resolve import Resolved, resolve
+from harness.battery.spec import AttackSpec
+from harness.run._acceleration import as_input
+from harness.run.shards import RunShards
+from harness.run.stage import clean_stage, run_stage
+
+FEW_EFFORT = 4  # iterations or queries of the shortened run
+FEW_SAMPLES = 2  # clean-correct calibration samples it attacks
+MIN_SECONDS = 0.5  # the longer run doubles its iterations until it takes this much longer than the shorter one
+
+
+@dataclass(frozen=True)
+class FullCost:
+    """Seconds per sample on which a stage spends its whole budget, and how they were found."""
+    seconds: float
+    how: str  # which part was measured, which extrapolated
+
+
+class Calibration:
+    """The calibration samples of an estimate, evaluated clean (timed on ``clock``), and the stage options of
+    the run (``ctx``): what prices a stage at its whole budget."""
+
+    def __init__(self, ctx: RunShards, indices: list[int], clock: Callable[[], float]) -> None:
+        self.ctx, self.clock, cfg = ctx, clock, ctx.cfg
+        x, self.y = ctx.data.get(indices, ctx.device)
+        self.x, self.anchors = as_input(x, cfg.channels_last), ctx.data.get(indices, ctx.device)[0]
+        t0 = clock()
+        _, ev, _ = clean_stage(ctx.defense, self.x, self.y, repeats=cfg.eval_repeats or 1, run_seed=cfg.seed, shard=0,
+                               batch_size=cfg.batch_size, verifier=ctx.verifier, anchors=self.anchors)
+        self.clean_seconds = (clock() - t0) / len(indices)  # per sample
+        correct = ev.attackable_under(cfg.decide_by or "mean").cpu()
+        rows = [int(i) for i in torch.nonzero(correct).flatten()][:FEW_SAMPLES]
+        self.correct = bool(rows)
+        self.rows = rows or list(range(min(FEW_SAMPLES, len(indices))))
+
+    def resolved(self, spec: AttackSpec) -> tuple[Attack, Resolved]:
+        cfg = self.ctx.cfg
+        attack = spec.build(cfg.eps, cfg.norm)
+        return attack, resolve(spec, attack, stochastic=self.ctx.defense.stochastic, run_grad=cfg.grad,
+                               run_eot=cfg.eot, autocast=cfg.autocast, probe=self.ctx.probe)
+
+    def full_cost(self, stage: int, spec: AttackSpec) -> FullCost | None:
+        """``spec`` (stage number ``stage``, which seeds it) at its whole budget; None when the run skips it."""
+        attack, resolved = self.resolved(spec)
+        if resolved.skip:
+            return None
+        opt, effort = attack.capabilities.effort_option, attack.effort()
+        short = min(effort, FEW_EFFORT) if opt and effort else None
+        try:
+            s1, u1 = self._timed(stage, _shortened(spec, opt, short))
+        except ValueError:  # an attack that refuses so few iterations (a UsageError naming it): timed whole
+            short = None
+            s1, u1 = self._timed(stage, _shortened(spec, opt, short))
+        m, cfg, s2, u2, longer = len(self.rows), self.ctx.cfg, s1, u1, short
+        while short and effort and longer and longer < effort and (longer == short or s2 - s1 < MIN_SECONDS):
+            longer = min(effort, 2 * longer)  # a longer run, until the difference stands out of the timing noise
+            s2, u2 = self._timed(stage, _shortened(spec, opt, longer))
+        scaled = u1 / m  # the passes per sample of the whole attack, from the shortened runs
+        if short and effort and longer and longer > short:
+            scaled += max(u2 - u1, 0.0) / m / (longer - short) * (effort - short)
+        repeats = cfg.eval_repeats or 1  # each rung before the last adds an evaluation
+        declared = _declared_passes(attack, resolved, self.ctx.defense.num_classes, repeats)
+        declared += repeats * len([r for r in spec.schedule()[0] if effort is None or r < effort])
+        passes = max(declared, scaled)
+        on = f"{m} clean-correct sample(s)" if self.correct else f"{m} sample(s) (none classified correctly)"
+        ran = "the whole attack" if not (short and effort) else (
+            f"all {effort} {opt}" if longer == short else f"{short} and {longer} of {effort} {opt}")
+        if u1 + u2 <= 0:  # no pass of the classifier counted: only the measured time is known
+            return FullCost(max(s1, s2) / m, f"measured: {ran} on {on}, no classifier pass counted; not extrapolated")
+        if u2 > u1 and s2 > s1:  # what one more pass costs, and the stage's set-up (evaluation, checks) once
+            rate, setup = (s2 - s1) / (u2 - u1), max(s1 - u1 * (s2 - s1) / (u2 - u1), 0.0)
+        else:  # the longer run added no pass (it broke the samples early): the mean over both
+            rate, setup = (s1 + s2) / (u1 + u2), 0.0
+        return FullCost(max(max(s1, s2) / m, setup / m + passes * rate),
+                        f"measured: {ran} on {on}, {_seconds(rate)} per pass, {_seconds(setup / m)} set-up per "
+                        f"sample; extrapolated: {passes:,.0f} passes per sample (declared budget {declared:,.0f}; "
+                        f"from the shortened runs {scaled:,.0f})")
+
+    def _timed(self, stage: int, spec: AttackSpec) -> tuple[float, float]:
+        """Seconds (on the clock) and passes (forward 1, backward 2, on the classifier) of ``spec`` on the chosen
+        calibration samples, all attempted, with the run's stage options."""
+        rows = torch.tensor(self.rows, device=self.x.device)
+        x, y, anchors = self.x[rows], self.y[rows], self.anchors[rows]
+        attack = spec.build(self.ctx.cfg.eps, self.ctx.cfg.norm)
+        t0 = self.clock()
+        _, cols, _ = run_stage(stage, spec, attack, self.ctx.defense, x, y,
+                               torch.ones(len(self.rows), dtype=torch.bool, device=x.device),
+                               **self.ctx.stage_options(0, anchors))
+        seconds = self.clock() - t0
+        att = np.asarray(cols["attempted"], bool)
+        units = np.nansum(cols["classifier_forward"][att]) + 2 * np.nansum(cols["classifier_backward"][att])
+        return seconds, float(units)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s" if value >= 1 else f"{1e3 * value:.3g} ms"
+
+
+def _shortened(spec: AttackSpec, opt: str | None, short: int | None) -> AttackSpec:
+    """``spec`` with ``short`` iterations or queries (its option ``opt``), run as one piece (no rungs, no probe)."""
+    options = {k: v for k, v in spec.options.items() if k not in ("rungs", "probe")}
+    if opt and short:
+        options[opt] = short
+    return dataclasses.replace(spec, options=options, rungs=None, probe=None)
+
+
+def _declared_passes(attack: Attack, resolved: Resolved, num_classes: int, repeats: int) -> float:
+    """Passes per sample of ``attack``'s whole declared budget, evaluation included: iterations (or queries) ×
+    restarts × target classes (an option ``targets`` of a targeted attack) × EOT draws, a gradient step counted
+    as one forward and one backward pass."""
+    b, eot, options = attack.budget(), max(int(resolved.eot), 1), attack.config()
+    targets = options.get("targets")
+    per = max(int(targets), 1) if isinstance(targets, int) and options.get("targeted", True) is not False else 1
+    per = min(per, max(num_classes - 1, 1))
+    if attack.capabilities.uses_gradients:
+        steps = 3.0 * max(b.iterations, 1)
+    else:
+        steps = 1.0 * max(b.queries, b.iterations, 1)
+    return steps * max(b.restarts, 1) * per * eot + repeats
