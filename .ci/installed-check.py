@@ -257,7 +257,8 @@ def main() -> int:
         check_plugin(venv, env, work, data)
     except CheckFailed as exc:
         print(f"installed-check: FAILED: {exc}", file=sys.stderr)
-        print(f"installed-check: files in {tmp}" if args.keep else "", file=sys.stderr)
+        if args.keep:
+            print(f"installed-check: files in {tmp}", file=sys.stderr)
         return 1
     finally:
         if not args.keep:
