@@ -27,7 +27,7 @@ endif
 venv: $(STAMP)
 
 # re-runs only when pyproject.toml changes; a no-op (a stat) when already installed
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python -m pip install --quiet -e '.[test]'

@@ -168,6 +168,13 @@ def test_list_commands(capsys):
     assert capsys.readouterr().out.split()[0] == "pgd"
 
 
+def test_version_prints_the_installed_version(capsys):
+    from importlib import metadata
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"harness {metadata.version('robustness-harness')}\n"
+
+
 def test_threads_sets_and_records_the_torch_threads_and_leaves_the_run_id(user_file, tiny_data_root, tmp_path,
                                                                            capsys):
     import json

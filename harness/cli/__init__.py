@@ -17,11 +17,13 @@ import logging
 import pkgutil
 import sys
 import traceback
+from importlib import metadata
 from typing import Sequence
 
 from harness.errors import HarnessError, one_line, user_frame
 
 EVERY = "*"  # build_parser: build every subcommand's parser (for the docs and their tests)
+DISTRIBUTION = "robustness-harness"  # the name pip installs the harness under (pyproject.toml)
 
 
 def build_parser(command: str | None = EVERY) -> argparse.ArgumentParser:
@@ -29,6 +31,8 @@ def build_parser(command: str | None = EVERY) -> argparse.ArgumentParser:
     and the other subcommands listed by name and help."""
     parser = argparse.ArgumentParser(prog="harness", description="Adaptive-attack robustness evaluation with confidence intervals.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
@@ -39,6 +43,16 @@ def build_parser(command: str | None = EVERY) -> argparse.ArgumentParser:
         else:
             sub.add_parser(module.COMMAND, help=module.HELP)
     return parser
+
+
+def version() -> str:
+    """The version of the installed distribution (its metadata, as pip shows it); ``harness.__version__`` when the
+    source tree is imported without being installed."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import harness
+        return f"{harness.__version__} (not installed)"
 
 
 def _command(argv: Sequence[str]) -> str | None:
