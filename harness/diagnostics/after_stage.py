@@ -140,7 +140,8 @@ class _Evidence:
 
     def target(self, eot: int | None = None) -> Target:
         # separate budget: diagnostics are not the attack's cost; fresh instances if the attack had them
-        return Target(self.defense, self.grad_mode, eot or 1, fresh=self.o.target.fresh)
+        return Target(self.defense, self.grad_mode, eot or 1, fresh=self.o.target.fresh,
+                      batch_size=self.o.target.batch_size)  # no pass larger than the run's batches
 
 
 def _has_aux(defense: Any, x: Tensor) -> bool:
