@@ -38,9 +38,10 @@ class Limited(nn.Module):
         return self.net(x)
 
 
-def _cfg(root: Path, out: Path, batch_size: int) -> RunConfig:
-    return RunConfig(defense="limited", data_root=str(root), out=str(out), n=40, seed=5, attacks="pgd", eps=0.07,
-                     shard_size=40, batch_size=batch_size, device="cpu", quiet=True, attack_opts={"steps": 3})
+def _cfg(root: Path, out: Path, batch_size: int, **kw) -> RunConfig:
+    base = dict(defense="limited", data_root=str(root), out=str(out), n=40, seed=5, attacks="pgd", eps=0.07,
+                shard_size=40, batch_size=batch_size, device="cpu", quiet=True, attack_opts={"steps": 3})
+    return RunConfig(**{**base, **kw})
 
 
 @pytest.mark.parametrize("error", [
@@ -86,13 +87,18 @@ def test_batching_halves_until_the_work_fits_and_keeps_the_size():
     assert batching.run(lambda: batching.size, "later work") == 8  # later work starts at the smaller size
 
 
-def test_a_defense_out_of_memory_above_16_gives_the_records_of_batch_size_16(tiny_data_root, tmp_path, caplog):
+@pytest.mark.parametrize("limit, start, halvings", [
+    (16, 64, ["shard 1/1 (attacks)"] * 2),  # the first shard's clean stage runs out of memory
+    (4, 16, ["the first-batch checks"] * 2),  # the first-batch checks already do (16 samples, then 8)
+])
+def test_a_defense_out_of_memory_above_a_size_gives_the_records_of_that_batch_size(tiny_data_root, tmp_path, caplog,
+                                                                                    limit, start, halvings):
     def limited() -> Defense:
-        return Defense(Limited(16).eval(), num_classes=10, name="limited")
+        return Defense(Limited(limit).eval(), num_classes=10, name="limited")
 
-    ref_dir = runner.run(_cfg(tiny_data_root, tmp_path / "ref", 16), defense=limited())
+    ref_dir = runner.run(_cfg(tiny_data_root, tmp_path / "ref", limit), defense=limited())
     with caplog.at_level("WARNING", logger="harness"):
-        run_dir = runner.run(_cfg(tiny_data_root, tmp_path / "big", 64), defense=limited())
+        run_dir = runner.run(_cfg(tiny_data_root, tmp_path / "big", start), defense=limited())
     ref, got = load_records(ref_dir), load_records(run_dir)
     assert sorted(got.stage.unique()) == [0, 1] and got["index"].nunique() == 40
     attacked = ref[ref.stage == 1]
@@ -100,12 +106,33 @@ def test_a_defense_out_of_memory_above_16_gives_the_records_of_batch_size_16(tin
     assert (attacked.attempted & ~attacked.success).sum() > 16  # the checks after the stage ask about more than a batch
     pd.testing.assert_frame_equal(got.drop(columns=list(TIMING_COLUMNS)), ref.drop(columns=list(TIMING_COLUMNS)))
     sizes = json.loads((run_dir / "provenance.json").read_text())["batch_sizes"]
-    assert [s["batch_size"] for s in sizes] == [64, 32, 16] and sizes[0]["from"] == "start"
+    assert [s["batch_size"] for s in sizes] == [start, start // 2, limit] and sizes[0]["from"] == "start"
+    assert [s["from"] for s in sizes[1:]] == halvings
     assert all("OutOfMemoryError" in s["error"] and "2.00 GiB" in s["error"] for s in sizes[1:])
     lines = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
-    assert len(lines) == 2 and "batch size 16" in lines[-1] and "--batch-size 16" in lines[-1], lines
+    assert len(lines) == 2 and f"--batch-size {limit};" in lines[-1], lines
     ref_sizes = json.loads((ref_dir / "provenance.json").read_text())["batch_sizes"]
-    assert [s["batch_size"] for s in ref_sizes] == [16]
+    assert [s["batch_size"] for s in ref_sizes] == [limit]
+
+
+def test_a_resumed_run_starts_at_the_size_it_went_on_with(tiny_data_root, tmp_path, monkeypatch):
+    """A run interrupted after backing off resumes at the smaller size: its records equal an uninterrupted run's."""
+    from conftest import interrupt_at_shard
+
+    def limited() -> Defense:
+        return Defense(Limited(16).eval(), num_classes=10, name="limited")
+
+    cfg = dict(n=48, shard_size=24)  # 24 samples per shard: more than fit
+    ref = load_records(runner.run(_cfg(tiny_data_root, tmp_path / "ref", 32, **cfg), defense=limited()))
+    interrupt_at_shard(monkeypatch, 1)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(_cfg(tiny_data_root, tmp_path / "run", 32, **cfg), defense=limited())
+    monkeypatch.undo()
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path / "run", 32, **cfg), defense=limited())
+    pd.testing.assert_frame_equal(load_records(run_dir).drop(columns=list(TIMING_COLUMNS)),
+                                  ref.drop(columns=list(TIMING_COLUMNS)))
+    sizes = json.loads((run_dir / "provenance.json").read_text())["batch_sizes"]
+    assert [s["batch_size"] for s in sizes] == [32, 16]  # the resume did not start at 32 again
 
 
 NEVER_FITS = textwrap.dedent('''\

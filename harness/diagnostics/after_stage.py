@@ -170,8 +170,7 @@ def check_probability_logits(c: _Evidence) -> Flag | None:
     x = c.o.x[:CHECKED_FAILURES]
     if x.shape[0] == 0:
         return None
-    with torch.no_grad():
-        out = c.defense.logits(x, "full").float()
+    out = c.target().predict(x).float()  # in the run's batches
     if not torch.isfinite(out).all():
         return None
     alpha = 1e-5
@@ -263,7 +262,7 @@ def check_eot(c: _Evidence) -> Flag | None:
 def check_identity_jacobian(c: _Evidence) -> Flag | None:
     if not c.uses_gradients or c.defense.purifier is None or c.grad_mode != "full":
         return None
-    x, _, xa = c.probe()
+    x, _, xa = c.probe(min(CHECKED_FAILURES, c.o.target.batch_size or CHECKED_FAILURES))  # one batch of the run
     if x.shape[0] == 0:
         return None
     with torch.no_grad():  # input-independent zero-mean noise also has an identity Jacobian, and its gradient is exact
