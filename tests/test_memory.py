@@ -163,7 +163,7 @@ def test_a_defense_that_does_not_fit_one_sample_ends_in_one_line(tiny_data_root,
     err = capsys.readouterr().err
     assert code == 2, err
     last = err.strip().splitlines()[-1]
-    for part in ("out of memory", "batch size 1", "one sample does not fit", "40.00 GiB", "--autocast bf16",
+    for part in ("out of memory", "--batch-size 1", "one sample does not fit", "40.00 GiB", "--autocast bf16",
                  "grad_method=checkpoint"):
         assert part in last, last
     if verbose:

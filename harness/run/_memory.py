@@ -101,7 +101,7 @@ class Batching:
         need = f" (it tried to allocate {asked})" if asked else ""
         if self.size <= 1:
             raise DoesNotFitError(
-                f"the defense ran out of memory in {where} at batch size 1{need}: one sample does not fit; reduce "
+                f"the defense ran out of memory in {where} at --batch-size 1{need}: one sample does not fit; reduce "
                 f"what a sample needs with {REMEDIES} [{type(exc).__name__}: {one_line(exc)}]") from exc
         old, self.size = self.size, self.size // 2
         log.warning("out of memory in %s at batch size %d%s: starting it again at batch size %d, kept for the rest of "
