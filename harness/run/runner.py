@@ -117,8 +117,9 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
     batching = Batching(cfg.batch_size)
     placed = place_and_check(cfg, defense, data, indices, batching)
     pf = placed.preflight
-    return estimate(dataclasses.replace(cfg, batch_size=batching.size), placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
-                    findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
+    return estimate(dataclasses.replace(cfg, batch_size=batching.size), placed.defense, data, indices, placed.device,
+                    samples=samples, probe=pf.probe, findings=pf.findings, verifier=placed.verifier,
+                    stateful=pf.stateful)
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
@@ -164,8 +165,8 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     defense, device, pf = placed.defense, placed.device, placed.preflight
     est = None
     if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of such a run
-        est = estimate(dataclasses.replace(cfg, batch_size=batching.size), defense, data, indices, device, probe=pf.probe, findings=pf.findings,
-                       verifier=placed.verifier, stateful=pf.stateful)
+        est = estimate(dataclasses.replace(cfg, batch_size=batching.size), defense, data, indices, device,
+                       probe=pf.probe, findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
         log.info("%s", est.text())
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
