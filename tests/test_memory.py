@@ -4,6 +4,7 @@ not fit one sample at a time ends in one line naming what reduces its need."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -30,10 +31,10 @@ class Limited(nn.Module):
 
     def __init__(self, limit: int) -> None:
         super().__init__()
-        self.net, self.limit = TinyCNN(), limit
+        self.net, self.limit, self.armed = TinyCNN(), limit, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.limit:
+        if x.shape[0] > self.limit and self.armed:
             raise torch.OutOfMemoryError(CUDA_OOM)
         return self.net(x)
 
@@ -133,6 +134,29 @@ def test_a_resumed_run_starts_at_the_size_it_went_on_with(tiny_data_root, tmp_pa
                                   ref.drop(columns=list(TIMING_COLUMNS)))
     sizes = json.loads((run_dir / "provenance.json").read_text())["batch_sizes"]
     assert [s["batch_size"] for s in sizes] == [32, 16]  # the resume did not start at 32 again
+
+
+def test_a_shard_started_again_counts_once_in_the_progress(tiny_data_root, tmp_path, monkeypatch, caplog):
+    """The second attack of the battery runs out of memory: the shard starts again, and its first attack, done twice,
+    counts once in the progress lines (not 150% of the sample-stages)."""
+    import harness.run.shards as run_shards
+
+    net = Limited(16)
+    net.armed = False  # the first attack fits at any batch size
+    real = run_shards.run_stage
+
+    def arming(stage, spec, *args, **kwargs):
+        net.armed = net.armed or spec.name == "apgd-ce"
+        return real(stage, spec, *args, **kwargs)
+
+    monkeypatch.setattr(run_shards, "run_stage", arming)
+    cfg = _cfg(tiny_data_root, tmp_path, 64, attacks="pgd,apgd-ce", quiet=False, escalate=False)
+    with caplog.at_level("INFO", logger="harness"):
+        run_dir = runner.run(cfg, defense=Defense(net.eval(), num_classes=10, name="limited"))
+    shares = [float(m.group(1)) for r in caplog.records if (m := re.search(r"; (\d+)% of 80 sample-stages", r.getMessage()))]
+    assert shares and shares[-1] == 100 and max(shares) <= 100, shares
+    sizes = json.loads((run_dir / "provenance.json").read_text())["batch_sizes"]
+    assert [s["batch_size"] for s in sizes] == [64, 32, 16]
 
 
 NEVER_FITS = textwrap.dedent('''\

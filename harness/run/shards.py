@@ -80,7 +80,16 @@ class RunShards:
         names, done, work = self._steps(phase)
 
         def fitted(s: int, idx: list[int]) -> Any:
-            return self.batching.run(lambda: work(s, idx), f"shard {s + 1}/{self.n_shards} ({phase})")
+            mark = self.progress.mark(), {name: bar.n for name, bar in self.bars.items()}
+
+            def attempt() -> Any:  # the progress as before the shard's first attempt: a shard counts once
+                self.progress.rewind(mark[0])
+                for name, bar in self.bars.items():
+                    bar.n = mark[1].get(name, 0)
+                    bar.refresh()
+                return work(s, idx)
+
+            return self.batching.run(attempt, f"shard {s + 1}/{self.n_shards} ({phase})")
 
         return names, done, fitted
 
