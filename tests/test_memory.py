@@ -22,6 +22,7 @@ from harness.errors import DoesNotFitError
 from harness.run._memory import Batching, asked_for, is_out_of_memory
 from harness.store.rundir import TIMING_COLUMNS, load_records
 
+OOM_ERROR = torch.cuda.OutOfMemoryError  # torch.OutOfMemoryError since torch 2.5, the same class
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.79 GiB of which "
             "1.02 GiB is free.")
 
@@ -35,7 +36,7 @@ class Limited(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.limit and self.armed:
-            raise torch.OutOfMemoryError(CUDA_OOM)
+            raise OOM_ERROR(CUDA_OOM)
         return self.net(x)
 
 
@@ -46,7 +47,7 @@ def _cfg(root: Path, out: Path, batch_size: int, **kw) -> RunConfig:
 
 
 @pytest.mark.parametrize("error", [
-    torch.OutOfMemoryError(CUDA_OOM),
+    getattr(torch, "OutOfMemoryError", OOM_ERROR)(CUDA_OOM),
     torch.cuda.OutOfMemoryError("CUDA out of memory."),
     RuntimeError("MPS backend out of memory (MPS allocated: 8.00 GiB, other allocations: 1.00 GiB, max allowed: "
                  "9.07 GiB). Tried to allocate 256.00 MiB on private pool."),
@@ -65,7 +66,7 @@ def test_other_errors_are_not_out_of_memory():
 
 
 def test_the_memory_asked_for_is_read_from_the_message():
-    assert asked_for(torch.OutOfMemoryError(CUDA_OOM)) == "2.00 GiB"
+    assert asked_for(OOM_ERROR(CUDA_OOM)) == "2.00 GiB"
     assert asked_for(RuntimeError("MPS backend out of memory. Tried to allocate 256.00 MiB on private pool")) == "256.00 MiB"
     assert asked_for(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 "
                                   "bytes.")) == "4.00 GiB"
@@ -78,7 +79,7 @@ def test_batching_halves_until_the_work_fits_and_keeps_the_size():
     def work() -> int:
         sizes.append(batching.size)
         if batching.size > 10:
-            raise torch.OutOfMemoryError(CUDA_OOM)
+            raise OOM_ERROR(CUDA_OOM)
         return batching.size
 
     recorded: list[dict] = []
@@ -168,8 +169,8 @@ NEVER_FITS = textwrap.dedent('''\
 
     class Huge(nn.Module):
         def forward(self, x):
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB. GPU 0 has a total "
-                                         "capacity of 7.79 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB. GPU 0 has a total "
+                                              "capacity of 7.79 GiB")
 
 
     def make():

@@ -1,12 +1,13 @@
 """Out of memory: the batch size halved until the defense fits, and kept for the rest of the run.
 
-When the defense runs out of memory (CUDA's ``torch.OutOfMemoryError``, MPS's and the CPU allocator's
-``RuntimeError``, Python's ``MemoryError``), the unit of work that failed -- the first-batch checks, or one phase
-of one shard -- starts again from its beginning at half the batch size, down to one sample, and every later unit
-of the run uses the smaller size. A unit is computed at one batch size throughout (a shard's stored progress at
-another size is not resumed), and every seed is a function of (run seed, shard, stage, batch), so its records are
-those of a run started at that ``--batch-size``. The sizes used, and where each started, are recorded in the run's
-provenance (``batch_sizes``); a resumed run, or another process of it, starts at the last one.
+When the defense runs out of memory (CUDA's ``torch.OutOfMemoryError``, named ``torch.cuda.OutOfMemoryError``
+before torch 2.5; MPS's and the CPU allocator's ``RuntimeError``; Python's ``MemoryError``), the unit of work that
+failed -- the first-batch checks, or one phase of one shard -- starts again from its beginning at half the batch
+size, down to one sample, and every later unit of the run uses the smaller size. A unit is computed at one batch
+size throughout (a shard's stored progress at another size is not resumed), and every seed is a function of (run
+seed, shard, stage, batch), so its records are those of a run started at that ``--batch-size``. The sizes used,
+and where each started, are recorded in the run's provenance (``batch_sizes``); a resumed run, or another process
+of it, starts at the last one.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, HarnessError):
             return False
-        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
+        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):  # torch.OutOfMemoryError since torch 2.5
             return True
         if isinstance(current, RuntimeError) and any(sign in str(current).lower() for sign in SIGNS):
             return True
