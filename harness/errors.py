@@ -37,6 +37,10 @@ class SetupError(HarnessError, RuntimeError):
     """Something a run needs (a package, a checkpoint's contents, network access) is missing or unusable."""
 
 
+class DoesNotFitError(SetupError):
+    """The defense runs out of memory even on one sample at a time; the message names what reduces its need."""
+
+
 def _library_roots() -> tuple[str, ...]:
     # the harness's own packages and every installed library: frames there are not the user's code
     repo = Path(__file__).resolve().parent.parent

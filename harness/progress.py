@@ -117,6 +117,15 @@ class StageLog:
         for s in self.stages:
             self.left[s] -= work // len(self.stages)
 
+    def mark(self) -> tuple[Any, ...]:
+        """Where the phase's count is now, for :meth:`rewind`."""
+        return self.done, dict(self.left), dict(self.spent), self.measured
+
+    def rewind(self, mark: tuple[Any, ...]) -> None:
+        """Back to ``mark`` (:meth:`mark`): a shard computed again (out of memory) counts once."""
+        done, left, spent, self.measured = mark
+        self.done, self.left, self.spent = done, dict(left), dict(spent)
+
     def cost(self, stage: str) -> float | None:
         """Seconds per sample of ``stage``: measured in this phase, else its prior, else None (unknown)."""
         seconds, samples = self.spent.get(stage, (0.0, 0))

@@ -80,6 +80,25 @@ def test_batched_eot_equals_average_of_sequential_gradients():
     assert not torch.allclose(seq_grads[0], seq_grads[1])
 
 
+def test_a_target_with_a_batch_size_never_passes_more_inputs():
+    """The checks after a stage ask about more samples (and EOT copies) than a batch: a target bounded by the run's
+    batch size splits them, and a deterministic defense gives the same values and gradients."""
+    x, y, model = _batch(20)
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
+    defense = Defense(model, num_classes=10)
+    whole = Target(defense, "full", eot=3)
+    bounded = Target(defense, "full", eot=3, batch_size=8)
+    loss, grad, logits = whole.value_and_grad(x, y, cross_entropy)
+    expected, one = whole.predict(x, draws=2), whole.predict(x)
+    seen.clear()
+    b_loss, b_grad, b_logits = bounded.value_and_grad(x, y, cross_entropy)
+    torch.testing.assert_close((b_loss, b_grad, b_logits), (loss, grad, logits))
+    torch.testing.assert_close(bounded.predict(x, draws=2), expected)
+    torch.testing.assert_close(bounded.with_options(eot=2).predict(x), one)
+    assert seen and max(seen) <= 8, seen
+
+
 def test_bpda_beats_full_gradients_on_bit_depth():
     x, y, model = _batch(32)
     defense = Defense(model, BitDepthReduction(bits=3), num_classes=10)

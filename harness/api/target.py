@@ -71,7 +71,10 @@ class Target:
     """A defense seen through a gradient mode with ``eot`` draws per gradient estimate.
 
     ``eot_chunk`` bounds how many copies go through the network at once (memory);
-    the copies of a chunk run in one batched forward pass. ``budget`` counts the passes of the
+    the copies of a chunk run in one batched forward pass. ``batch_size`` (the run's; None: no bound) bounds the
+    inputs of one pass of :meth:`predict` and :meth:`value_and_grad`: more rows are split into batches of that
+    size, and without ``eot_chunk`` the copies of a batch fill it (memory; the checks after a stage ask about more
+    samples than a batch). ``budget`` counts the passes of the
     defense's networks during this target's calls; ``witnesses`` (set by :meth:`watch`) collects
     non-finite queries. Views from :meth:`with_options` share both. ``threat``: the threat model the harness
     enforces on this target's answers (set by the stage; None outside a run), which attacks that optimize in its
@@ -86,6 +89,7 @@ class Target:
     # a new defense instance for every forward pass (a defense that keeps state: ``harness.diagnostics.preflight``)
     fresh: Callable[[], Defense] | None = None
     threat: Threat | None = None
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.grad_mode not in GRAD_MODES:
@@ -106,7 +110,7 @@ class Target:
     def with_options(self, *, grad_mode: GradMode | None = None, eot: int | None = None) -> "Target":
         """A view with another gradient mode or EOT count that shares this target's budget and witnesses."""
         return Target(self.defense, grad_mode or self.grad_mode, eot or self.eot, self.eot_chunk, self.budget,
-                      self.witnesses, self.fresh, self.threat)
+                      self.witnesses, self.fresh, self.threat, self.batch_size)
 
     def watch(self, x: Tensor, threat: Threat) -> Witnesses:
         """Collect, from now on, witnesses of outputs without an answer (NaN/inf, tied top logits) for ``x``."""
@@ -133,6 +137,8 @@ class Target:
     @torch.no_grad()
     def predict(self, x: Tensor, draws: int = 1) -> Tensor:
         """Logits without gradients; for ``draws > 1`` the log of the mean softmax over draws (raw: NaN stays NaN)."""
+        if self._split(x):
+            return torch.cat([self.predict(part, draws) for part in self._split(x)])
         if draws == 1:
             return self._forward(x, "full")
         probs = self._batched(x, draws, lambda z: self._forward(z, "full").softmax(1))
@@ -156,13 +162,18 @@ class Target:
         and returns ``None`` for the gradient.
         """
         draws = eot or self.eot
+        if self._split(x):  # batch by batch: one batch's graph at a time
+            parts = [self.value_and_grad(xb, yb, loss_fn, eot, with_grad) for xb, yb in zip(self._split(x), self._split(y))]
+            grads = [p[1] for p in parts]
+            return (torch.cat([p[0] for p in parts]), None if grads[0] is None else torch.cat(cast(list[Tensor], grads)),
+                    torch.cat([p[2] for p in parts]))
         x = x.detach().requires_grad_(with_grad)
         # the backward pass too runs inside the counting context: a purifier that recomputes its steps
         # during the backward pass (harness.api.grad) runs forward passes there
         with torch.set_grad_enabled(with_grad), counting(self.defense.networks(), self.budget):
             losses: list[Tensor] = []
             logits_sum = torch.zeros(0)  # replaced by the first chunk's sum (draws >= 1)
-            chunk = self.eot_chunk or draws
+            chunk = self._copies(x, draws)
             grad = torch.zeros_like(x) if with_grad else None
             for start in range(0, draws, chunk):
                 e = min(chunk, draws - start)
@@ -182,8 +193,19 @@ class Target:
                 logits_sum = lg if start == 0 else logits_sum + lg
         return torch.stack(losses).sum(0) / draws, grad, logits_sum / draws
 
+    def _split(self, x: Tensor) -> list[Tensor]:
+        """``x`` in batches of ``batch_size`` rows when it has more (else empty: one pass takes it whole)."""
+        bs = self.batch_size
+        return [] if bs is None or x.shape[0] <= bs else [x[i:i + bs] for i in range(0, x.shape[0], bs)]
+
+    def _copies(self, x: Tensor, draws: int) -> int:
+        """How many EOT copies of ``x`` go through the network at once."""
+        if self.eot_chunk is not None:
+            return self.eot_chunk
+        return draws if self.batch_size is None else max(1, min(draws, self.batch_size // max(1, x.shape[0])))
+
     def _batched(self, x: Tensor, draws: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
-        chunk = self.eot_chunk or draws
+        chunk = self._copies(x, draws)
         total = torch.zeros(0)  # replaced by the first chunk's sum (draws >= 1)
         for start in range(0, draws, chunk):
             e = min(chunk, draws - start)

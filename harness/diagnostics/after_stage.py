@@ -151,7 +151,8 @@ class _Evidence:
 
     def target(self, eot: int | None = None) -> Target:
         # separate budget: diagnostics are not the attack's cost; fresh instances if the attack had them
-        return Target(self.defense, self.grad_mode, eot or 1, fresh=self.o.target.fresh)
+        return Target(self.defense, self.grad_mode, eot or 1, fresh=self.o.target.fresh,
+                      batch_size=self.o.target.batch_size)  # no pass larger than the run's batches
 
 
 def _has_aux(defense: Any, x: Tensor) -> bool:
@@ -180,8 +181,7 @@ def check_probability_logits(c: _Evidence) -> Flag | None:
     x = c.o.x[:CHECKED_FAILURES]
     if x.shape[0] == 0:
         return None
-    with torch.no_grad():
-        out = c.defense.logits(x, "full").float()
+    out = c.target().predict(x).float()  # in the run's batches
     if not torch.isfinite(out).all():
         return None
     alpha = 1e-5
@@ -273,7 +273,7 @@ def check_eot(c: _Evidence) -> Flag | None:
 def check_identity_jacobian(c: _Evidence) -> Flag | None:
     if not c.uses_gradients or c.defense.purifier is None or c.grad_mode != "full":
         return None
-    x, _, xa = c.probe()
+    x, _, xa = c.probe(min(CHECKED_FAILURES, c.o.target.batch_size or CHECKED_FAILURES))  # one batch of the run
     if x.shape[0] == 0:
         return None
     with torch.no_grad():  # input-independent zero-mean noise also has an identity Jacobian, and its gradient is exact

@@ -18,6 +18,7 @@ from harness.battery.resolve import check_battery, describe
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
 from harness.run._acceleration import accelerate, resolve_device
+from harness.run._memory import Batching
 from harness.run.verdict import Verifier, verifier_for
 from harness.sources.datasets import TestSet
 
@@ -33,16 +34,27 @@ class Placed:
     verifier: Verifier
 
 
-def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int]) -> Placed:
+def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int],
+                    batching: Batching | None = None) -> Placed:
     """Keep a copy of ``defense`` as it is before its first query (the verifier's template), move it to the run's
     device, run the first-batch checks (``harness.diagnostics.preflight``, which also sets the module mode) and accelerate it;
-    logs the findings and what each battery entry will run with."""
+    logs the findings and what each battery entry will run with. ``batching``: the run's batch size (default
+    ``--batch-size``), halved if the checks run out of memory (then on a fresh copy, :mod:`harness.run._memory`)."""
     device = resolve_device(cfg.device)
+    batching = batching or Batching(cfg.batch_size)
     pristine = Verifier.copyable(defense)
-    x, y = data.get(indices[:cfg.batch_size], device)
     fresh = None if pristine is None else (lambda: copy.deepcopy(pristine).to(device))
-    pf = preflight(defense.to(device), x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=cfg.batch_size,
-                   module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat)
+    checked: list[Defense] = []  # the instance the checks ran on
+
+    def checks() -> Preflight:
+        instance = defense if not checked or fresh is None else fresh()  # a retry: the defense as handed over
+        checked[:] = [instance.to(device)]
+        x, y = data.get(indices[:batching.size], device)
+        return preflight(checked[0], x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=batching.size,
+                         module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat)
+
+    pf = batching.run(checks, "the first-batch checks")
+    defense = checked[0]
     for finding in pf.findings:
         log.warning("preflight: %s: %s", finding["code"], finding["message"])
     placed = _ready(cfg, defense, pristine, device, pf)

@@ -128,7 +128,8 @@ def setup_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, 
     if resolved.skip:
         raise ValueError(f"attack {spec.name!r} must not start: {resolved.skip}")
     threat = stage_threat(attack, defense, threat)  # fixed before the attack runs
-    target = Target(defense, resolved.target_grad, resolved.eot, fresh=fresh, threat=threat)  # type: ignore[arg-type]
+    target = Target(defense, resolved.target_grad, resolved.eot, fresh=fresh, threat=threat,  # type: ignore[arg-type]
+                    batch_size=batch_size)
     check_data_in_bounds(x, defense.bounds, who=f"defense {defense.name!r}")
     idx = robust_before.nonzero().squeeze(1)
     xa, ya = x[idx], y[idx]

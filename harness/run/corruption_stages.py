@@ -134,7 +134,7 @@ def run_shard(ctx: Any, shard: int, indices: list[int]) -> list[dict[str, Any]]:
     clean, y = ctx.data.get(indices, device)
     anchors = ctx.data.get(indices, device)[0]  # re-read: what the fresh instances evaluate
     cols, ev, agreement = clean_stage(defense, as_input(clean.clone(), cfg.channels_last), y, repeats=cfg.eval_repeats,
-                                      run_seed=cfg.seed, shard=shard, batch_size=cfg.batch_size,
+                                      run_seed=cfg.seed, shard=shard, batch_size=ctx.batching.size,
                                       verifier=ctx.verifier, anchors=anchors)
     frames = [ctx._frame(cols, indices, y, shard, 0, "clean")]
     side: dict[str, Any] = {"stages": ["clean"], "attacks": {}, "diagnostics": diagnostics.clean_flags(
@@ -148,7 +148,7 @@ def run_shard(ctx: Any, shard: int, indices: list[int]) -> list[dict[str, Any]]:
         fresh = images.permute(0, 3, 1, 2).float().div_(255).to(device)  # the images as read from the cache
         cols, ev, agreement = clean_stage(defense, as_input(fresh.clone(), cfg.channels_last), y,
                                           repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
-                                          batch_size=cfg.batch_size, verifier=ctx.verifier, anchors=fresh, stage=stage)
+                                          batch_size=ctx.batching.size, verifier=ctx.verifier, anchors=fresh, stage=stage)
         linf, l2 = perturbation_norms(clean, fresh)
         cols.update(linf=linf.double().cpu().numpy(), l2=l2.double().cpu().numpy(), norm=NORM, threat=THREAT)
         frames.append(ctx._frame(cols, indices, y, shard, stage, name))

@@ -30,6 +30,7 @@ from harness.diagnostics.preflight import Preflight
 from harness.errors import HarnessError, SetupError, UsageError
 from harness.progress import progress_bar, shard_text
 from harness.run._acceleration import resolve_device
+from harness.run._memory import Batching, resumed_size
 from harness.run._placement import Placed, place_checked
 from harness.run.phases import Phase
 from harness.run.shards import RunShards
@@ -219,8 +220,12 @@ def compute_shard(job: dict[str, Any], phase: Phase, shard: int, indices: list[i
     cfg = RunConfig(**job["config"])
     placed, data = _build(cfg, job["run_dir"])
     torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
-    ctx = RunShards(cfg, placed.defense, data, RunStore(job["run_dir"]), placed.device, len(indices), job["n_shards"],
-                   probe=placed.preflight.probe, verifier=placed.verifier, stateful=placed.preflight.stateful)
+    store = RunStore(job["run_dir"])  # the batch size where the run is now (harness.run._memory)
+    batching = Batching(resumed_size(load_provenance(store.dir).get("batch_sizes"), cfg.batch_size))
+    batching.attach(store.record_batch_size)
+    ctx = RunShards(cfg, placed.defense, data, store, placed.device, len(indices), job["n_shards"],
+                   probe=placed.preflight.probe, verifier=placed.verifier, stateful=placed.preflight.stateful,
+                   batching=batching)
     _, done, work = ctx.steps(phase)
     with ctx.store.shard_lock(shard, blocking=True):  # another process may hold it: wait, then skip if done
         return None if done(shard) else work(shard, indices)

@@ -10,6 +10,7 @@ the stored records' seeds, a resumed run goes on exactly like an uninterrupted o
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +29,7 @@ from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.errors import UsageError
 from harness.progress import get_logger, shard_text
 from harness.run import corruption_stages
+from harness.run._memory import Batching, resumed_size
 from harness.run._placement import place_and_check
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
@@ -119,10 +121,12 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
     if cfg.threat == corruption_stages.THREAT:
         raise UsageError("--estimate times attack stages; a --threat corruptions run has none (it costs one evaluation "
                          "of each image per stage and eval repeat, plus generating the corrupted images once)")
-    placed = place_and_check(cfg, defense, data, indices)
+    batching = Batching(cfg.batch_size)
+    placed = place_and_check(cfg, defense, data, indices, batching)
     pf = placed.preflight
-    return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
-                    findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful, clock=clock)
+    return estimate(dataclasses.replace(cfg, batch_size=batching.size), placed.defense, data, indices, placed.device,
+                    samples=samples, probe=pf.probe, findings=pf.findings, verifier=placed.verifier,
+                    stateful=pf.stateful, clock=clock)
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
@@ -164,24 +168,28 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                              "--shard-slice for several jobs)")
         corrupted = corruption_stages.prepare_images(cfg, data, plan)
         fp = corrupted.fingerprint(fp)
-    placed = place_and_check(cfg, defense, data, indices)  # before any work
+    store = RunStore(Path(cfg.out) / (run_id or make_run_id(cfg)))
+    # the batch size: --batch-size, or where an out-of-memory error left the run (harness.run._memory)
+    stored = load_provenance(store.dir).get("batch_sizes") if (store.dir / "provenance.json").is_file() else None
+    batching = Batching(resumed_size(stored, cfg.batch_size))
+    placed = place_and_check(cfg, defense, data, indices, batching)  # before any work
     defense, device, pf = placed.defense, placed.device, placed.preflight
     est = None
     if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of such a run
-        est = estimate(cfg, defense, data, indices, device, probe=pf.probe, findings=pf.findings,
-                       verifier=placed.verifier, stateful=pf.stateful)
+        est = estimate(dataclasses.replace(cfg, batch_size=batching.size), defense, data, indices, device,
+                       probe=pf.probe, findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
         log.info("%s", est.text())
-    store = RunStore(Path(cfg.out) / (run_id or make_run_id(cfg)))
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
                               info=dict(device=str(device), defense=defense.describe(), data_source=data.source,
                                         preflight=pf.to_dict()))
+    batching.attach(store.record_batch_size)
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
     shards = plan.shards()
     mine = slice_shards(len(shards), shard_slice)
     ctx = RunShards(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards),
-                   probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful, front=front)
+                   probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful, front=front, batching=batching)
     ctx.corrupted = corrupted
     if est is not None:  # what a stage not timed yet in this run costs, for the time left
         ctx.progress.prior(est.priors())

@@ -21,6 +21,7 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
 from harness.run._acceleration import as_input
+from harness.run._memory import Batching
 from harness.run.phases import ATTACKS, Phase, PhaseKind
 from harness.run.probe import ProbePlan, extend_shard, plan_probe, split_probed
 from harness.run.rungs import run_rung_stage
@@ -43,8 +44,10 @@ class RunShards:
     def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
                  n_shards: int, *, probe: GradientProbe | None, verifier: Verifier | None,
                  stateful: bool = False, defer_probes: bool = True, front: FrontEnd = FrontEnd.CLI,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, batching: Batching | None = None) -> None:
         self.cfg, self.defense, self.data, self.store, self.device, self.n = cfg, defense, data, store, device, n
+        # the batch size every call uses: --batch-size until the defense runs out of memory (harness.run._memory)
+        self.batching = batching or Batching(cfg.batch_size)
         self.n_shards, self.probe, self.verifier = n_shards, probe, verifier
         # a defense that keeps state is queried on a fresh instance per pass (harness.diagnostics.preflight)
         self.fresh = verifier.instances()[1] if verifier is not None and stateful else None
@@ -76,7 +79,25 @@ class RunShards:
 
     def steps(self, phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
         """The attack names of ``phase`` (:mod:`harness.run.phases`), whether a shard has them stored, and the work
-        computing them on a shard: what every executor runs per shard."""
+        computing them on a shard: what every executor runs per shard. A shard that runs out of memory is computed
+        again from its start at half the batch size (:mod:`harness.run._memory`)."""
+        names, done, work = self._steps(phase)
+
+        def fitted(s: int, idx: list[int]) -> Any:
+            mark = self.progress.mark(), {name: bar.n for name, bar in self.bars.items()}
+
+            def attempt() -> Any:  # the progress as before the shard's first attempt: a shard counts once
+                self.progress.rewind(mark[0])
+                for name, bar in self.bars.items():
+                    bar.n = mark[1].get(name, 0)
+                    bar.refresh()
+                return work(s, idx)
+
+            return self.batching.run(attempt, f"shard {s + 1}/{self.n_shards} ({phase})")
+
+        return names, done, fitted
+
+    def _steps(self, phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
         if self.corrupted is not None:  # no attacks: one stage per corruption and severity
             from harness.run.corruption_stages import steps
             return steps(self, phase)
@@ -122,7 +143,7 @@ class RunShards:
         """The keyword arguments of ``harness.run.stage.run_stage`` a stage of ``shard`` runs with."""
         cfg = self.cfg
         return dict(grad=cfg.grad, eot=cfg.eot, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
-                    batch_size=cfg.batch_size, autocast=cfg.autocast, probe=self.probe, verifier=self.verifier,
+                    batch_size=self.batching.size, autocast=cfg.autocast, probe=self.probe, verifier=self.verifier,
                     anchors=anchors, fresh=self.fresh, threat=self.threat, decide_by=cfg.decide_by or "mean")
 
     def job(self, names: list[str], done: Callable[[int], bool], work: Callable[[int, list[int]], Any]) -> ShardJob:
@@ -161,7 +182,8 @@ class RunShards:
         x, y = self.data.get(indices, self.device)
         x = as_input(x, cfg.channels_last)
         anchors = self.data.get(indices, self.device)[0]  # re-read: what the verdict checks the balls against
-        key = {"first_stage": first_stage, "names": [s.name for s in specs], "indices": [int(i) for i in indices]}
+        key = {"first_stage": first_stage, "names": [s.name for s in specs], "indices": [int(i) for i in indices],
+               "batch_size": self.batching.size}  # progress made at another batch size is not continued
         stored = load_partial(self.store.records_dir, shard, key)
         frames, side = [], {"stages": [], "attacks": {}, "diagnostics": []}
         adv: dict[str, Any] | None = None
@@ -173,7 +195,7 @@ class RunShards:
             log.info("%s: continuing after %d stored stage(s)", shard_text(shard, self.n_shards), stored["done"])
         elif prior is None:
             cols, ev, agreement = clean_stage(self.defense, x, y, repeats=cfg.eval_repeats, run_seed=cfg.seed,
-                                              shard=shard, batch_size=cfg.batch_size, verifier=self.verifier,
+                                              shard=shard, batch_size=self.batching.size, verifier=self.verifier,
                                               anchors=anchors)
             frames.append(self._frame(cols, indices, y, shard, 0, "clean"))
             side["stages"].append("clean")

@@ -8,7 +8,7 @@ Layout::
                                  resumes, git state, device, seed, one ``sessions`` entry per start (threads,
                                  machine, load), ``started``; ``finished`` only once every stage of every shard
                                  (escalations included) is stored; ``sequential`` where a ``--until`` run
-                                 stopped (the run is its first ``shards`` shards)
+                                 stopped (the run is its first ``shards`` shards); ``batch_sizes`` (out of memory)
     diagnostics.json             run-level diagnostic flags (written when the run finishes)
     records/shard-00000.parquet  one row per (sample, stage), long format (docs/results-format.md)
     records/shard-00000.json     per-shard side data: {"stages": [...], "attacks": {...}, "diagnostics": [...]}
@@ -238,6 +238,7 @@ class RunStore:
             "threads": session["threads"], "seed": cfg.seed, **info, "n_samples": len(plan.indices),
             "indices": plan.indices, "shard_sizes": plan.shard_sizes, "fingerprint": fingerprint.to_dict(),
             "forced_resumes": forced, "sessions": [*prov.get("sessions", []), session],
+            "batch_sizes": prov.get("batch_sizes") or [{"batch_size": cfg.batch_size, "from": "start"}],
             "started": prov.get("started") or _now(), "finished": None}
         _write_json(self.dir / "provenance.json", self._provenance)
         return resuming
@@ -291,6 +292,12 @@ class RunStore:
         prov = load_provenance(self.dir)
         prov["sequential"] = info
         _write_json(self.dir / "provenance.json", prov)
+
+    def record_batch_size(self, entry: dict[str, Any]) -> None:
+        """Append a batch size the run goes on with (``harness.run._memory``) to provenance, under the run lock."""
+        with self.run_lock():
+            prov = load_provenance(self.dir)
+            _write_json(self.dir / "provenance.json", {**prov, "batch_sizes": [*prov.get("batch_sizes", []), entry]})
 
     def write_shard(self, shard: int, records: pd.DataFrame, side: dict[str, Any],
                     adversarials: dict[str, Any] | None = None, schema: pa.Schema = SCHEMA) -> None:

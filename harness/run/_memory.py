@@ -1,0 +1,124 @@
+"""Out of memory: the batch size halved until the defense fits, and kept for the rest of the run.
+
+When the defense runs out of memory (CUDA's ``torch.OutOfMemoryError``, named ``torch.cuda.OutOfMemoryError``
+before torch 2.5; MPS's and the CPU allocator's ``RuntimeError``; Python's ``MemoryError``), the unit of work that
+failed -- the first-batch checks, or one phase of one shard -- starts again from its beginning at half the batch
+size, down to one sample, and every later unit of the run uses the smaller size. A unit is computed at one batch
+size throughout (a shard's stored progress at another size is not resumed), and every seed is a function of (run
+seed, shard, stage, batch), so its records are those of a run started at that ``--batch-size``. The sizes used,
+and where each started, are recorded in the run's provenance (``batch_sizes``); a resumed run, or another process
+of it, starts at the last one.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+import torch
+
+from harness.errors import DoesNotFitError, HarnessError, one_line
+from harness.progress import get_logger
+
+log = get_logger("runner")
+T = TypeVar("T")
+
+# what the allocators say: CUDA ("CUDA out of memory"), MPS ("MPS backend out of memory"), the CPU allocator
+# ("DefaultCPUAllocator: can't allocate memory"), and the C library's wording
+SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+ASKED = re.compile(r"tried to allocate\s+(?:(\d+)\s+bytes|([\d.]+\s*[KMGTP]i?B))", re.IGNORECASE)
+REMEDIES = ("--autocast bf16 (bfloat16 activations during attacks), --defense-opt grad_method=checkpoint for a "
+            "purifier with exact gradients through its loop (docs/exact-gradients.md), or a --device with more memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the defense ran out of memory."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, HarnessError):
+            return False
+        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):  # torch.OutOfMemoryError since torch 2.5
+            return True
+        if isinstance(current, RuntimeError) and any(sign in str(current).lower() for sign in SIGNS):
+            return True
+        current = current.__cause__
+    return False
+
+
+def asked_for(exc: BaseException) -> str | None:
+    """The allocation that failed, as the error message states it (``2.00 GiB``), or None where it does not."""
+    found = ASKED.search(str(exc))
+    if found is None:
+        return None
+    if found.group(1) is None:
+        return found.group(2)
+    return f"{int(found.group(1)) / 2**30:.2f} GiB"
+
+
+def release_memory() -> None:
+    """Give what the failed attempt held back to the allocators (the CUDA and MPS caches included)."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    mps = getattr(torch, "mps", None)
+    if mps is not None and torch.backends.mps.is_available():
+        mps.empty_cache()
+
+
+@dataclass
+class Batching:
+    """The run's batch size: ``size`` (``--batch-size``, or the last size a run's provenance records) until the
+    defense runs out of memory, then halved. ``record`` stores each back-off in the provenance (set once the run
+    directory is open; back-offs before that wait in ``pending``)."""
+    size: int
+    record: Callable[[dict[str, Any]], None] | None = None
+    pending: list[dict[str, Any]] = field(default_factory=list)
+
+    def attach(self, record: Callable[[dict[str, Any]], None]) -> None:
+        """Record back-offs through ``record`` from now on, and the ones made before."""
+        self.record = record
+        for entry in self.pending:
+            record(entry)
+        self.pending.clear()
+
+    def run(self, work: Callable[[], T], where: str) -> T:
+        """``work()`` (which reads :attr:`size`), started again at half the size after each out-of-memory error;
+        :class:`DoesNotFitError` when it does not fit at size 1."""
+        while True:
+            try:
+                return work()
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are retried; others re-raised
+                if not is_out_of_memory(exc):
+                    raise
+                self._halve(exc, where)
+            release_memory()  # after the except block: the error's frames, and the tensors they held, are gone
+
+    def _halve(self, exc: BaseException, where: str) -> None:
+        asked = asked_for(exc)
+        need = f" (it tried to allocate {asked})" if asked else ""
+        if self.size <= 1:
+            raise DoesNotFitError(
+                f"the defense ran out of memory in {where} at --batch-size 1{need}: one sample does not fit; reduce "
+                f"what a sample needs with {REMEDIES} [{type(exc).__name__}: {one_line(exc)}]") from exc
+        old, self.size = self.size, self.size // 2
+        log.warning("out of memory in %s at batch size %d%s: starting it again at batch size %d, kept for the rest of "
+                    "the run (as with --batch-size %d; recorded in provenance.json)", where, old, need, self.size,
+                    self.size)
+        entry = {"batch_size": self.size, "from": where, "error": f"{type(exc).__name__}: {one_line(exc)}"[:500],
+                 "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        if self.record is None:
+            self.pending.append(entry)
+        else:
+            self.record(entry)
+
+
+def resumed_size(entries: list[dict[str, Any]] | None, batch_size: int) -> int:
+    """The size a process of a run starts at: the last recorded in its provenance (``entries``, starting with the
+    run's ``--batch-size``), else ``batch_size``."""
+    if not entries or int(entries[0].get("batch_size", 0)) != batch_size:
+        return batch_size
+    return int(entries[-1]["batch_size"])
