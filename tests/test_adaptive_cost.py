@@ -217,8 +217,9 @@ class TriggerAttack(Attack):
 
 def _probe_run(root, out, armed: bool, **kw):
     battery = [{"name": "trig", "attack": "test-trigger", "probe": 3, "options": {"armed": armed}}]
+    # ε = 1: the trigger pixel must be free to move to 0 (a threat model this wide is refused unless confirmed)
     cfg = _cfg(root, out, defense="trigger", battery=battery, attacks="test-trigger", eps=1.0, eval_repeats=1,
-               eot=None, **kw)
+               eot=None, allow_large_eps=True, **kw)
     run_dir = runner.run(cfg, defense=Defense(Trigger(), None, num_classes=10, name="trigger"))
     recs = load_records(run_dir)
     return run_dir, recs[recs.attack == "trig"].set_index("index"), recs[recs.stage == 0].set_index("index")

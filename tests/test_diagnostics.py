@@ -181,7 +181,7 @@ def test_noise_check_spends_nothing_on_samples_the_re_evaluation_breaks():
     model = Flippable()
     defense = Defense(model, None, num_classes=NUM_CLASSES, stochastic=True, name="flippable")
     outcome, _ = stage(defense, PGD, eps=0.03)
-    evidence = diagnostics._Evidence(outcome)
+    evidence = diagnostics.Evidence(outcome)
     probed = evidence.probe(diagnostics.NOISE_SAMPLES)[0].shape[0]
     assert probed > 0
     model.flipped, model.rows = True, 0  # the re-evaluation now breaks every probed sample

@@ -93,6 +93,7 @@ class Variant:
     def __init__(self, base: Callable[..., Any], doc: str, *, fixed: Mapping[str, Any] | None = None,
                  defaults: Mapping[str, Any] | None = None, hint: str = "") -> None:
         self.base, self.__doc__, self.hint = base, doc, hint
+        self.__wrapped__ = base  # what the option type checks (harness.api.schema) read the hints of
         self.fixed, self.defaults = dict(fixed or {}), dict(defaults or {})
         self.__module__ = getattr(base, "__module__", __name__)
         self.__qualname__ = f"Variant({getattr(base, '__qualname__', repr(base))})"

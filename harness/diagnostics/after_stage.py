@@ -31,7 +31,6 @@ from the stage's seed, so they are cheap and a resumed run raises the same flags
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -40,23 +39,15 @@ from torch import Tensor
 from harness.api.eot import agreement
 from harness.api.evaluation import correct
 from harness.api.flags import FlagCode
-from harness.api.losses import cross_entropy, margin
+from harness.api.losses import cross_entropy
 from harness.api.target import Target
 from harness.api.threat import ThreatModel, project_ball
 from harness.diagnostics import escalation
-from harness.diagnostics.gradcheck import (
-    TAYLOR_STEP,
-    carries_signal,
-    gradient_health,
-    identity_like,
-    jacobian_alignment,
-    loss_ignores_gradient,
-    mispredicts_message,
-    taylor_agreement,
-)
+from harness.diagnostics.evidence import CHECKED_FAILURES, Evidence, Flag
+from harness.diagnostics.gradcheck import carries_signal
+from harness.diagnostics.gradient_checks import check_gradient_mispredicts, check_gradients, check_identity_jacobian
 from harness.stats.paired import sign_test_greater
 
-CHECKED_FAILURES = 8  # samples used by the checks that spend extra passes
 EOT_PROBE = 32  # samples whose mean gradient cosine decides eot-disagree (per-sample cosines vary widely)
 NOISE_SAMPLES = 64  # samples for the random-noise check
 NOISE_TRIES = 4  # noise points per sample (and, on a stochastic defense, re-evaluations of the attack's point)
@@ -64,7 +55,6 @@ NOISE_ALPHA = 0.05  # stochastic defense: sign-test level at which noise beats t
 FALLING_WINDOW = 0.1  # last share of the accuracy trace inspected
 FALLING_MIN_DROP = 0.01  # accuracy drop (fraction of attempted samples) that counts as "still falling"
 MASKING_MAX_ACC = 0.1  # an unbounded attack leaving more than this robust is masked
-ZERO_GRAD_SHARE = 0.1
 DEAD_PROBE = 64  # failed samples on which a gradient mode must carry no signal before later stages skip it
 DEAD_CODES = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD})
 LOSS_FLAT_SHARE = 0.5
@@ -73,27 +63,12 @@ SANITY_STEPS = 20
 SEED_OFFSET = 0x5EED
 
 
-@dataclass
-class Flag:
-    """One diagnostic finding on one stage: ``code``, the stage's ``attack`` name, a ``message``,
-    a one-line ``remedy``, the measured ``value`` and the battery entries that ``escalate`` it."""
-    code: FlagCode
-    attack: str
-    message: str
-    remedy: str
-    value: float = math.nan
-    escalate: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def after_stage(outcome: Any) -> list[Flag]:
     """All flags for one stage on one shard (the battery's hook). Deterministic given the outcome."""
     from harness.api._seeding import seeded
 
     flags: list[Flag] = []
-    ctx = _Evidence(outcome)
+    ctx = Evidence(outcome)
     with seeded((int(outcome.seed) + SEED_OFFSET) & 0x7FFFFFFFFFFFFFFF, outcome.x.device):
         for check in CHECKS:
             flag = check(ctx)
@@ -120,7 +95,7 @@ def dead_gradient(outcome: Any, flags: list[Flag]) -> str | None:
 
     if not any(f.code in DEAD_CODES for f in flags):
         return None
-    c = _Evidence(outcome)
+    c = Evidence(outcome)
     _, y, xa = c.probe(DEAD_PROBE)
     if xa.shape[0] == 0:
         return None
@@ -131,39 +106,7 @@ def dead_gradient(outcome: Any, flags: list[Flag]) -> str | None:
             f"survived {c.name}")
 
 
-class _Evidence:
-    """The outcome plus what the checks share: the failed samples (robust after the stage) and the target."""
-
-    def __init__(self, o: Any) -> None:
-        self.o, self.defense, self.attack, self.name = o, o.defense, o.attack, o.attack_name
-        # what the attack ran with: its target carries the resolved gradient mode and EOT (harness.battery.resolve)
-        self.grad_mode, self.eot = str(o.target.grad_mode), int(o.target.eot)
-        attempted = o.robust_before.nonzero().squeeze(1)
-        self.failed = o.robust_after[attempted]  # over the attempted samples (rows of o.x)
-        self.uses_gradients = bool(o.attack.capabilities.uses_gradients)
-        self.has_aux = _has_aux(o.defense, o.x[:1])
-        self.draws = 8 if o.defense.stochastic else 1
-
-    def probe(self, k: int = CHECKED_FAILURES) -> tuple[Tensor, Tensor, Tensor]:
-        """Up to ``k`` failed samples: clean inputs, labels and the attack's adversarials."""
-        rows = self.failed.nonzero().squeeze(1)[:k]
-        return self.o.x[rows], self.o.y[rows], self.o.x_adv[rows]
-
-    def target(self, eot: int | None = None) -> Target:
-        # separate budget: diagnostics are not the attack's cost; fresh instances if the attack had them
-        return Target(self.defense, self.grad_mode, eot or 1, fresh=self.o.target.fresh,
-                      batch_size=self.o.target.batch_size)  # no pass larger than the run's batches
-
-
-def _has_aux(defense: Any, x: Tensor) -> bool:
-    try:
-        with torch.no_grad():
-            return bool(defense.auxiliary_losses(x))
-    except Exception:  # a defense whose auxiliary losses fail is treated as having none
-        return False
-
-
-def check_acc_trace(c: _Evidence) -> Flag | None:
+def check_acc_trace(c: Evidence) -> Flag | None:
     trace = (c.o.result.extras or {}).get("acc_trace")
     if not isinstance(trace, list) or len(trace) < 10 or not all(isinstance(v, (int, float)) for v in trace):
         return None
@@ -177,7 +120,7 @@ def check_acc_trace(c: _Evidence) -> Flag | None:
     return None
 
 
-def check_probability_logits(c: _Evidence) -> Flag | None:
+def check_probability_logits(c: Evidence) -> Flag | None:
     x = c.o.x[:CHECKED_FAILURES]
     if x.shape[0] == 0:
         return None
@@ -192,7 +135,7 @@ def check_probability_logits(c: _Evidence) -> Flag | None:
     return None
 
 
-def check_nonfinite(c: _Evidence) -> Flag | None:
+def check_nonfinite(c: Evidence) -> Flag | None:
     bad = int((~c.o.finite).sum())
     if bad:
         return Flag(FlagCode.NON_FINITE_LOGITS, c.name, f"{bad} adversarial input(s) gave NaN/inf logits (counted as not robust)",
@@ -200,7 +143,7 @@ def check_nonfinite(c: _Evidence) -> Flag | None:
     return None
 
 
-def check_threat_model(c: _Evidence) -> Flag | None:
+def check_threat_model(c: Evidence) -> Flag | None:
     """The attack returned inputs outside the threat model (the stage projected them back before evaluating)."""
     projected, violation, threat = (getattr(c.o, k, None) for k in ("projected", "violation", "threat"))
     if projected is None or not bool(projected.any()):
@@ -212,34 +155,7 @@ def check_threat_model(c: _Evidence) -> Flag | None:
                 "any, and the input bounds)", worst)
 
 
-def check_gradients(c: _Evidence) -> Flag | None:
-    """Zero / non-finite input gradients at the failed adversarials; CE-only zeros mean saturated CE."""
-    if not c.uses_gradients:
-        return None
-    x, y, xa = c.probe()
-    if x.shape[0] == 0:
-        return None
-    t = c.target(1)
-    _, g_ce, _ = t.value_and_grad(xa, y, cross_entropy)
-    health = gradient_health(g_ce)
-    if health["nonfinite_frac"] >= ZERO_GRAD_SHARE:
-        return Flag(FlagCode.NONFINITE_GRAD, c.name, f"{health['nonfinite_frac']:.0%} of the failed samples have NaN/inf input "
-                    f"gradients ({c.grad_mode} mode)", "use BPDA or a surrogate gradient through the purifier, or fix "
-                    "the defense's numerics", health["nonfinite_frac"])
-    if health["zero_frac"] < ZERO_GRAD_SHARE:
-        return None
-    _, g_m, _ = t.value_and_grad(xa, y, margin)
-    zero_m = gradient_health(g_m)["zero_frac"]
-    if zero_m < ZERO_GRAD_SHARE:
-        return Flag(FlagCode.CE_VANISHING, c.name, f"cross-entropy input gradients are zero on {health['zero_frac']:.0%} of the "
-                    "failed samples but the margin loss has gradients (saturated softmax, e.g. scaled logits)",
-                    "use a margin or DLR loss (APGD-DLR)", health["zero_frac"])
-    return Flag(FlagCode.ZERO_GRAD, c.name, f"input gradients are zero on {zero_m:.0%} of the failed samples ({c.grad_mode} mode)",
-                "gradients are masked: use BPDA (identity backward) or a surrogate gradient, plus gradient-free attacks",
-                zero_m)
-
-
-def check_loss_flat(c: _Evidence) -> Flag | None:
+def check_loss_flat(c: Evidence) -> Flag | None:
     if not c.uses_gradients or c.defense.stochastic:  # on stochastic defenses eot-disagree covers failed progress
         return None
     if c.o.attack.capabilities.returns_failed_input:  # its answer on a failed sample is the clean input itself
@@ -257,7 +173,7 @@ def check_loss_flat(c: _Evidence) -> Flag | None:
     return None
 
 
-def check_eot(c: _Evidence) -> Flag | None:
+def check_eot(c: Evidence) -> Flag | None:
     if not (c.uses_gradients and c.defense.stochastic):
         return None
     x, y, xa = c.probe(EOT_PROBE)
@@ -268,45 +184,6 @@ def check_eot(c: _Evidence) -> Flag | None:
         return Flag(FlagCode.EOT_DISAGREE, c.name, f"two independent EOT-{c.eot} gradient estimates have mean cosine "
                     f"{value:.2f}", "use more EOT draws per gradient", value)
     return None
-
-
-def check_identity_jacobian(c: _Evidence) -> Flag | None:
-    if not c.uses_gradients or c.defense.purifier is None or c.grad_mode != "full":
-        return None
-    x, _, xa = c.probe(min(CHECKED_FAILURES, c.o.target.batch_size or CHECKED_FAILURES))  # one batch of the run
-    if x.shape[0] == 0:
-        return None
-    with torch.no_grad():  # input-independent zero-mean noise also has an identity Jacobian, and its gradient is exact
-        offsets = torch.stack([c.defense.purify(xa, "full") - xa for _ in range(8 if c.defense.stochastic else 1)])
-    systematic = offsets.mean(0).flatten(1).norm(dim=1) >= 0.7 * offsets.flatten(2).norm(dim=2).mean(0)
-    if systematic.float().mean().item() < 0.5:
-        return None
-    align = jacobian_alignment(c.defense, xa, grad_mode="full", probes=2, seed=0)
-    if identity_like(align):
-        return Flag(FlagCode.IDENTITY_JACOBIAN, c.name, f"the purifier's exact Jacobian is identity-like (alignment {align:.3f}): "
-                    "the full gradient ignores the purification", "use BPDA+EOT or a surrogate gradient, and attack the "
-                    "purifier's own objective (joint-rec)", align)
-    return None
-
-
-def check_gradient_mispredicts(c: _Evidence) -> Flag | None:
-    """At the attack's points on a few failed samples: does the exact gradient predict the loss's change? Only for
-    gradient attacks in ``full`` mode (BPDA and surrogate gradients differ from the forward pass by design)."""
-    if not c.uses_gradients or c.grad_mode != "full":
-        return None
-    _, y, xa = c.probe()
-    if xa.shape[0] == 0:
-        return None
-    agreement = taylor_agreement(c.target(1), xa, y, step=TAYLOR_STEP * float(c.attack.eps), norm=c.attack.norm,
-                                 seed=int(c.o.seed) & 0x7FFFFFFF)
-    if not loss_ignores_gradient(agreement):
-        return None
-    judged = agreement[~torch.isnan(agreement)]
-    median = float(judged.median())
-    return Flag(FlagCode.GRADIENT_MISPREDICTS, c.name, mispredicts_message(median, judged.numel(),
-                f"samples {c.name} failed on"), "make the forward pass the function its gradient differentiates (no "
-                "caches or lookups of earlier answers); a PGD answering its last iterate and gradient-free attacks "
-                "were added", median)
 
 
 def _sanity_pgd(t: Target, x: Tensor, y: Tensor, norm: str, eps: float) -> Tensor:
@@ -330,7 +207,7 @@ def _sanity_pgd(t: Target, x: Tensor, y: Tensor, norm: str, eps: float) -> Tenso
     return best
 
 
-def check_large_eps(c: _Evidence) -> Flag | None:
+def check_large_eps(c: Evidence) -> Flag | None:
     """Unbounded PGD (no random start, so only gradients can move it) on a few failed samples."""
     if not c.uses_gradients:
         return None
@@ -350,7 +227,7 @@ def check_large_eps(c: _Evidence) -> Flag | None:
     return None
 
 
-def check_blackbox(c: _Evidence) -> Flag | None:
+def check_blackbox(c: Evidence) -> Flag | None:
     if c.uses_gradients or c.o.stage <= 1:
         return None
     attempted = int(c.o.robust_before.sum())
@@ -363,7 +240,7 @@ def check_blackbox(c: _Evidence) -> Flag | None:
     return None
 
 
-def check_noise(c: _Evidence) -> Flag | None:
+def check_noise(c: Evidence) -> Flag | None:
     """Random points of the stage's threat model (``Threat.noise``: the ε-ball's sphere, or the band's) that break
     samples the attack failed on.
 
@@ -420,11 +297,11 @@ def _disagreement_flag(agreement: Any, name: str, stochastic: bool) -> Flag | No
                 "agree)", float(n))
 
 
-def check_ties(c: _Evidence) -> Flag | None:
+def check_ties(c: Evidence) -> Flag | None:
     return _tie_flag(getattr(c.o, "tied", None), c.name)
 
 
-def check_verdict(c: _Evidence) -> Flag | None:
+def check_verdict(c: Evidence) -> Flag | None:
     return _disagreement_flag(getattr(c.o, "agreement", None), c.name, bool(c.defense.stochastic))
 
 

@@ -40,13 +40,14 @@ import pyarrow.parquet as pq
 from harness import atomic
 from harness.api.config import RunConfig, read_config, write_config
 from harness.api.flags import check_codes
-from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS, null_unattempted  # noqa: F401  (declared there)
+from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS  # noqa: F401  (declared there)
 from harness.errors import HarnessError, MissingInputError, UsageError
 from harness.sources.corruptions import cell_name, cells
 from harness.stats.scoring import stages
 from harness.store._locks import file_lock
 from harness.store._machine import hardware, load_average
 from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
+from harness.store.upgrade import nulls, upgrade
 
 FORMAT_VERSION = 3
 # versions this harness reads; version 1 lacks the ``skipped`` column (read as "": every stage ran); versions 1 and 2
@@ -280,7 +281,7 @@ class RunStore:
         return side
 
     def read_shard(self, shard: int) -> pd.DataFrame:
-        return _upgrade(read_table(self.shard_path(shard)).to_pandas())
+        return upgrade(read_table(self.shard_path(shard)).to_pandas())
 
     def read_records(self, shards: Iterable[int]) -> pd.DataFrame:
         """The records of the given finished shards, concatenated."""
@@ -316,7 +317,7 @@ class RunStore:
 
             with atomic.atomic_path(self.adv_dir / f"shard-{shard:05d}.pt") as tmp:
                 torch.save(adversarials, tmp)
-        table = pa.Table.from_pandas(_nulls(records[schema.names]), schema=schema, preserve_index=False)
+        table = pa.Table.from_pandas(nulls(records[schema.names]), schema=schema, preserve_index=False)
         with atomic.atomic_path(self.shard_path(shard)) as tmp:
             pq.write_table(table, tmp, compression="zstd")  # records are committed: small beats fast here
 
@@ -382,30 +383,8 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     paths = sorted(p for p in records.glob("shard-*.parquet") if keep is None or int(p.stem.split("-")[-1]) < keep)
     if not paths:
         raise MissingInputError(f"no finished record shards in {str(records)!r}; is {str(run_dir)!r} a run directory?")
-    df = _upgrade(pd.concat([read_table(p).to_pandas() for p in paths], ignore_index=True))
+    df = upgrade(pd.concat([read_table(p).to_pandas() for p in paths], ignore_index=True))
     return df.sort_values([c for c in ("index", "stage") if c in df.columns], kind="stable").reset_index(drop=True)
-
-
-def _nulls(records: pd.DataFrame) -> pd.DataFrame:
-    """Attack records with the scores of samples a stage did not attempt null (version 3); other records as they are."""
-    return null_unattempted(records) if "stage" in records.columns else records
-
-
-def _upgrade(records: pd.DataFrame) -> pd.DataFrame:
-    """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran);
-    records written before the ``threat`` and ``band`` columns ran under an ℓp ball (``lp``, band 0), those before
-    ``eot_rule`` with a fixed EOT (""); the scores of samples a stage did not attempt, false / 0 before version 3,
-    are null."""
-    if "stage" in records.columns:
-        records = _nulls(records)
-        records["skipped"] = records["skipped"].fillna("") if "skipped" in records.columns else ""
-        if "threat" not in records.columns:
-            records["threat"] = (records["stage"] != 0).map({True: "lp", False: ""})
-        if "band" not in records.columns:
-            records["band"] = pd.Series(0, index=records.index, dtype="int64")
-        if "eot_rule" not in records.columns:  # written before adaptive EOT: every gradient took `eot` draws
-            records["eot_rule"] = ""
-    return records
 
 
 def kept_shards(prov: dict[str, Any]) -> int | None:

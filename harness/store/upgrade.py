@@ -1,0 +1,28 @@
+"""Attack records of older run-format versions in the current columns, so every reader sees one format."""
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.api.records import null_unattempted
+
+
+def nulls(records: pd.DataFrame) -> pd.DataFrame:
+    """Attack records with the scores of samples a stage did not attempt null (version 3); other records as they are."""
+    return null_unattempted(records) if "stage" in records.columns else records
+
+
+def upgrade(records: pd.DataFrame) -> pd.DataFrame:
+    """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran);
+    records written before the ``threat`` and ``band`` columns ran under an ℓp ball (``lp``, band 0), those before
+    ``eot_rule`` with a fixed EOT (""); the scores of samples a stage did not attempt, false / 0 before version 3,
+    are null."""
+    if "stage" in records.columns:
+        records = nulls(records)
+        records["skipped"] = records["skipped"].fillna("") if "skipped" in records.columns else ""
+        if "threat" not in records.columns:
+            records["threat"] = (records["stage"] != 0).map({True: "lp", False: ""})
+        if "band" not in records.columns:
+            records["band"] = pd.Series(0, index=records.index, dtype="int64")
+        if "eot_rule" not in records.columns:  # written before adaptive EOT: every gradient took `eot` draws
+            records["eot_rule"] = ""
+    return records
