@@ -197,3 +197,44 @@ def test_a_classifier_with_1000_classes_is_refused_on_cifar10_before_any_work(tm
     err = capsys.readouterr().err.strip()
     assert code != 0 and "1000 classes" in err and "has 10" in err and len(err.splitlines()) == 1
     assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
+def test_the_models_docs_worked_example_runs_as_written(tmp_path, cifar_root, monkeypatch):
+    """docs/models.md's timm example: the Python that saves the checkpoint, the `harness run` command (its budget cut
+    to 4 images and a 2-step PGD) and the Python API lines (the same cut), in a fresh directory."""
+    import json
+    import re
+    import shlex
+    from pathlib import Path
+
+    import harness
+    from harness.cli import main
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text()
+    example = text[text.index("## Worked example"):]
+    python = re.findall(r"```python\n(.*?)```", example, flags=re.S)
+    (command,) = [b for b in re.findall(r"```bash\n(.*?)```", example, flags=re.S) if b.startswith("harness run")]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(python[0], "docs/models.md", "exec"), {})  # writes resnet18-cifar10.pt
+    args = shlex.split(command.replace("\\\n", " "))[1:]
+    assert args[-4:] == ["--attacks", "standard", "--n", "512"]
+    cheap = ["--attacks", "pgd", "--attack-opt", "steps=2", "--n", "4", "--no-escalate", "--quiet", "--device", "cpu",
+             "--data-root", str(cifar_root), "--out", str(tmp_path / "runs")]
+    assert main([*args[:-4], *cheap]) == 0
+    (run,) = list((tmp_path / "runs").iterdir())
+    recorded = json.loads((run / "provenance.json").read_text())["defense"]["provenance"]["classifier"]
+    assert recorded == {"source": "timm:resnet18", "weights": "resnet18-cifar10.pt", "num_classes": 10,
+                        "trained_on": "cifar10", "normalization": {"mean": [0.485, 0.456, 0.406],
+                                                                   "std": [0.229, 0.224, 0.225],
+                                                                   "from": "timm pretrained_cfg of resnet18"}}
+    real, calls = harness.evaluate, []
+
+    def evaluate(defense, attacks=None, **options):
+        calls.append((attacks, options))
+        return real(defense, "pgd", n=4, data_root=str(cifar_root), out=str(tmp_path / "api"), device="cpu",
+                    quiet=True, attack_opts={"steps": 1}, escalate=False)
+
+    monkeypatch.setattr(harness, "evaluate", evaluate)
+    scope: dict = {}
+    exec(compile(python[1], "docs/models.md", "exec"), scope)
+    assert calls == [("standard", {"n": 512})] and scope["defense"].provenance["classifier"] == recorded

@@ -97,7 +97,7 @@ class ClassifierSpec:
     classifier: str = PYAUTOATTACK_RESNET18
     checkpoint: str | None = None
     pretrained: bool = False
-    arch: str | None = None
+    arch: str = CIFAR_RESNET18
     num_classes: int | None = None
     dataset: str | None = None
     threat_model: str | None = None
@@ -261,7 +261,7 @@ def _robustbench(spec: ClassifierSpec, name: str) -> _Loaded:
 
 
 def _checkpoint(spec: ClassifierSpec, path: str) -> _Loaded:
-    arch = spec.arch or CIFAR_RESNET18
+    arch = spec.arch
     if not Path(path).is_file():
         raise MissingInputError(f"checkpoint {path!r} does not exist (a classifier is {SPECS})")
     model, classes = _with_weights(lambda n: build_architecture(arch, n), spec, path, 10, f"arch {arch}")
