@@ -34,9 +34,13 @@ def test_unknown_architecture_and_missing_checkpoint(tmp_path):
 
 
 def test_robustbench_failure_is_clear():
-    # without the package, or offline, or with an unknown name: a RuntimeError naming RobustBench and what to do
-    with pytest.raises(RuntimeError, match="(?i)robustbench"):
+    # without the package, or offline (a SetupError), or with an unknown name (a UsageError): one line naming
+    # RobustBench and what to do
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError, match="(?i)robustbench") as err:
         create_defense("none", classifier="robustbench:NoSuchModel2099")
+    assert len(str(err.value).splitlines()) == 1
 
 
 def _fake_robustbench(monkeypatch) -> list[dict]:
@@ -238,3 +242,17 @@ def test_the_models_docs_worked_example_runs_as_written(tmp_path, cifar_root, mo
     scope: dict = {}
     exec(compile(python[1], "docs/models.md", "exec"), scope)
     assert calls == [("standard", {"n": 512})] and scope["defense"].provenance["classifier"] == recorded
+
+
+def test_a_timm_checkpoint_trained_on_cifar10_is_warned_about_on_svhn(tmp_path, capsys):
+    from conftest import write_model_labelled_npz
+    from harness.cli import main
+
+    write_model_labelled_npz(tmp_path / "data", n=2, name="svhn")
+    _, path = _timm_checkpoint(tmp_path, 10)
+    args = ["run", "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"), "--quiet", "--device", "cpu",
+            "--dataset", "svhn", "--defense", "none", "--defense-opt", "classifier=timm:test_resnet",
+            "--defense-opt", f"checkpoint={path}", "--defense-opt", "dataset=cifar10", "--attacks", "pgd",
+            "--attack-opt", "steps=1", "--n", "2", "--no-escalate"]
+    assert main(args) == 0
+    assert "trained on cifar10 but the run evaluates it on svhn" in capsys.readouterr().err

@@ -189,6 +189,18 @@ def test_without_the_robustbench_package_the_message_names_the_file_and_the_pack
         classifier("robustbench:Missing2020", model_dir=str(tmp_path), dataset="imagenet")
 
 
+def test_an_unknown_robustbench_entry_is_named(tmp_path, monkeypatch):
+    calls = _fake_robustbench(monkeypatch, None)
+
+    def unknown(model_name, **options):  # RobustBench looks the name up in its model dictionary
+        raise KeyError(model_name)
+
+    sys.modules["robustbench.utils"].load_model = unknown
+    with pytest.raises(UsageError, match="RobustBench has no cifar100 L2 entry 'Nobody2099'"):
+        classifier("robustbench:Nobody2099", model_dir=str(tmp_path), dataset="cifar100", threat_model="L2")
+    assert calls == []
+
+
 def test_robustbench_options_are_checked_before_anything_loads(tmp_path):
     with pytest.raises(UsageError, match="dataset 'svhn' is not a RobustBench data set; accepted: cifar10, cifar100, imagenet"):
         classifier("robustbench:X", dataset="svhn")

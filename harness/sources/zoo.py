@@ -105,6 +105,11 @@ def robustbench_model(name: str, dataset: str, threat_model: str, model_dir: str
                          f"architecture, could not be imported ({exc}): pip install robustbench") from exc
     try:
         return load_model(model_name=name, model_dir=str(model_dir), dataset=dataset, threat_model=threat_model).eval()
+    except KeyError as exc:
+        if exc.args != (name,):
+            raise
+        raise UsageError(f"RobustBench has no {dataset} {threat_model} entry {name!r}; its leaderboards at "
+                         "robustbench.github.io name the entries (model IDs)") from exc
     except Exception as exc:  # noqa: BLE001 - RobustBench raises whatever its download or load raised
         first = one_line(exc)[:300]
         if cached:
