@@ -30,24 +30,34 @@ ROBUSTBENCH_MODEL_DIR = "models"
 OFFLINE = "offline, pass checkpoint=PATH (a state dict saved from this architecture) instead of pretrained=true"
 
 
-def build(library: Library, name: str, num_classes: int, pretrained: bool = False) -> nn.Module:
-    """``name`` from ``library`` with ``num_classes`` outputs; ``pretrained``: with the library's downloaded weights."""
+def _check_name(library: Library, name: str) -> None:
     if library is Library.TIMM:
         import timm
         if not timm.is_model(name):
             raise UsageError(f"timm has no model {name!r}; see timm.list_models() (e.g. timm:resnet18)")
-        create = lambda: timm.create_model(name, pretrained=pretrained, num_classes=num_classes)  # noqa: E731
-    else:
-        import torchvision
-        if name not in torchvision.models.list_models(module=torchvision.models):
-            raise UsageError(f"torchvision has no classification model {name!r}; see "
-                             "torchvision.models.list_models(module=torchvision.models) (e.g. torchvision:resnet50)")
-        weights = "DEFAULT" if pretrained else None
-        create = lambda: torchvision.models.get_model(name, weights=weights, num_classes=num_classes)  # noqa: E731
+        return
+    import torchvision
+    if name not in torchvision.models.list_models(module=torchvision.models):
+        raise UsageError(f"torchvision has no classification model {name!r}; see "
+                         "torchvision.models.list_models(module=torchvision.models) (e.g. torchvision:resnet50)")
+
+
+def _create(library: Library, name: str, num_classes: int, pretrained: bool) -> nn.Module:
+    if library is Library.TIMM:
+        import timm
+        return timm.create_model(name, pretrained=pretrained, num_classes=num_classes)
+    import torchvision
+    return torchvision.models.get_model(name, weights="DEFAULT" if pretrained else None, num_classes=num_classes)
+
+
+def build(library: Library, name: str, num_classes: int, pretrained: bool = False) -> nn.Module:
+    """``name`` from ``library`` with ``num_classes`` outputs; ``pretrained``: with the library's downloaded weights
+    (timm: a name may carry its weights' tag, ``resnet18.a1_in1k``)."""
+    _check_name(library, name)
     if not pretrained:
-        return create()
+        return _create(library, name, num_classes, False)
     try:
-        return create()
+        return _create(library, name, num_classes, True)
     except Exception as exc:  # noqa: BLE001 - any failure to fetch: network, hub, proxy
         raise SetupError(f"{library.value}:{name}: could not download its pretrained weights ({one_line(exc)[:300]}); "
                          f"{OFFLINE}") from exc
