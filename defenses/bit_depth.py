@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from harness.api.defense import Defense, register_defense
 
-from .undefended import classifier_from_options
+from .undefended import classifier_from_options, recorded
 
 
 class BitDepthReduction(nn.Module):
@@ -31,4 +31,4 @@ def bit_depth(bits: int = 4, **classifier_options: Any) -> Defense:
     """Round each pixel to ``bits`` bits, then classify."""
     c = classifier_from_options(**classifier_options)
     return Defense(c.model, BitDepthReduction(bits), num_classes=c.num_classes, name=f"bit-depth-{bits}",
-                   trained_on=c.trained_on)
+                   trained_on=c.trained_on, provenance=recorded(c))

@@ -165,7 +165,7 @@ def diffpure_ddpm(t_star: int = 100, steps: int = 10, sampler: str = "ddim", wei
     steps (``sampler`` ddim|ddpm), then the classifier (default pyautoattack's CIFAR-10 ResNet-18; the options of
     ``none``). ``weights``: the denoiser from ``harness train ddpm``. ``grad_method``/``segment``: the exact-gradient
     unroll (checkpoint|recompute|naive, harness.api.grad). Stochastic."""
-    from harness.defenses.undefended import classifier_from_options
+    from harness.defenses.undefended import classifier_from_options, recorded
 
     unet, config = load_unet(weights, unsafe_load=bool(classifier_options.get("unsafe_load", False)))
     t_max = config.get("t_max")
@@ -173,8 +173,10 @@ def diffpure_ddpm(t_star: int = 100, steps: int = 10, sampler: str = "ddim", wei
         raise UsageError(f"diffpure-ddpm: t_star={t_star} exceeds the t_max={t_max} the denoiser {weights!r} was trained "
                          f"to; use t_star <= {t_max} or retrain with `harness train ddpm --t-max {t_star}`")
     c = classifier_from_options(**classifier_options)
-    return diffpure_defense(unet, c.model, num_classes=c.num_classes, t_star=t_star, steps=steps, sampler=sampler,
-                            grad_method=grad_method, segment=segment, trained_on=c.trained_on)
+    defense = diffpure_defense(unet, c.model, num_classes=c.num_classes, t_star=t_star, steps=steps, sampler=sampler,
+                               grad_method=grad_method, segment=segment, trained_on=c.trained_on)
+    defense.provenance.update(recorded(c) or {})
+    return defense
 
 
 __all__ = ["DiffPurePurifier", "SAMPLERS", "SCHEDULE", "schedule_alphas_cumprod", "diffpure_defense", "load_unet",

@@ -215,10 +215,14 @@ def diffusion_smoothing(sigma: float = 0.25, weights: str | None = None, steps: 
     ab = schedule_from_config(config)
     t_max = config.get("t_max")
     check_t_max(float(sigma), timestep_for_sigma(sigma, ab), t_max, path)  # before loading the classifier
+    from harness.defenses.undefended import recorded
+
     c = pick_classifier(float(sigma), classifier_options)
-    return diffusion_smoothing_defense(unet, c.model, sigma=float(sigma), steps=steps, noise=noise,
-                                       num_classes=c.num_classes, alphas_cumprod=ab, t_max=t_max, weights=path,
-                                       trained_on="cifar10")
+    defense = diffusion_smoothing_defense(unet, c.model, sigma=float(sigma), steps=steps, noise=noise,
+                                          num_classes=c.num_classes, alphas_cumprod=ab, t_max=t_max, weights=path,
+                                          trained_on="cifar10")
+    defense.provenance.update(recorded(c) or {})
+    return defense
 
 
 __all__ = ["DiffusionDenoiser", "MODEL_SCALE", "check_t_max", "default_weights", "diffusion_smoothing_defense",

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from harness.api.defense import Defense, register_defense
 
-from .undefended import classifier_from_options
+from .undefended import classifier_from_options, recorded
 
 
 class GaussianNoise(nn.Module):
@@ -32,4 +32,4 @@ def gaussian_noise(sigma: float = 0.05, **classifier_options: Any) -> Defense:
     """Add N(0, sigma²) noise to the input, clip to [0, 1], then classify."""
     c = classifier_from_options(**classifier_options)
     return Defense(c.model, GaussianNoise(sigma), num_classes=c.num_classes, stochastic=True,
-                   name=f"gaussian-noise-{sigma:g}", trained_on=c.trained_on)
+                   name=f"gaussian-noise-{sigma:g}", trained_on=c.trained_on, provenance=recorded(c))

@@ -14,7 +14,6 @@ unless ``classifier`` names another source, which takes the options of
 """
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any
 
@@ -23,11 +22,11 @@ from torch import Tensor, nn
 
 from harness.api.defense import Defense, register_defense
 from harness.errors import UsageError
-from harness.sources.models import classifier as load_classifier
+from harness.sources.models import ClassifierSpec
 
 from .at_small import _weights
 from .small_cnn import load_small_cnn
-from .undefended import classifier_from_options
+from .undefended import classifier_from_options, recorded
 
 AT_SMALL = "at-small"
 # torchvision 0.29 warns on every call that its codecs move to TorchCodec; they still work, and this defense
@@ -72,7 +71,7 @@ class JpegCompression(nn.Module):
 
 def _classifier_option_names() -> list[str]:
     """The options :func:`classifier_from_options` accepts (``classifier`` and the loader's keywords)."""
-    return ["classifier", *list(inspect.signature(load_classifier).parameters)[1:]]
+    return ClassifierSpec.options()
 
 
 @register_defense("jpeg")
@@ -88,7 +87,8 @@ def jpeg(quality: int = DEFAULT_QUALITY, classifier: str = AT_SMALL, weights: st
             raise UsageError(f"jpeg option weights is for classifier={AT_SMALL} only; for classifier={classifier!r} "
                              "pass a checkpoint path as classifier (with arch)")
         c = classifier_from_options(classifier=classifier, **classifier_options)
-        return Defense(c.model, purifier, num_classes=c.num_classes, name=name, trained_on=c.trained_on)
+        return Defense(c.model, purifier, num_classes=c.num_classes, name=name, trained_on=c.trained_on,
+                       provenance=recorded(c))
     unknown = sorted(set(classifier_options) - set(_classifier_option_names()))
     if unknown:
         others = ", ".join(n for n in _classifier_option_names() if n != "classifier")
@@ -96,7 +96,7 @@ def jpeg(quality: int = DEFAULT_QUALITY, classifier: str = AT_SMALL, weights: st
                          f"for a classifier other than {AT_SMALL}, {others}")
     if classifier_options:
         raise UsageError(f"jpeg option(s) {', '.join(sorted(classifier_options))} apply to a classifier other than "
-                         f"{AT_SMALL} (classifier=autoattack-resnet18, robustbench:NAME or a checkpoint path); with "
+                         f"{AT_SMALL} (classifier=autoattack-resnet18, timm:NAME, torchvision:NAME, robustbench:NAME or a checkpoint path); with "
                          f"{AT_SMALL} the options are quality, weights")
     model = load_small_cnn(_weights(weights, "at"), a3=False)
     return Defense(model, purifier, num_classes=model.fc.out_features, name=name, trained_on="cifar10")

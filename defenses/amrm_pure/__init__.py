@@ -45,7 +45,7 @@ def load_mae(mae: str | Path = DEFAULT_MAE, *, preset: str | None = None, seed: 
 def _build(name: str, mae: str | Path, *, steps: int, step_size: float, schedule: str, eta: float, mask_ratio: float,
            masks_per_step: int, surrogate: str, tau: float, method: str, segment: int, mae_preset: str | None,
            mae_seed: int, classifier_options: dict[str, Any]) -> Defense:
-    from harness.defenses.undefended import classifier_from_options
+    from harness.defenses.undefended import classifier_from_options, recorded
 
     from .purifier import AMRMPurifier
 
@@ -55,7 +55,7 @@ def _build(name: str, mae: str | Path, *, steps: int, step_size: float, schedule
                             masks_per_step=masks_per_step, surrogate=surrogate, tau=tau, method=method, segment=segment)
     c = classifier_from_options(**classifier_options)
     return Defense(c.model, purifier, num_classes=c.num_classes, stochastic=True, trained_on=c.trained_on,
-                   name=f"{name}-S{steps}")
+                   name=f"{name}-S{steps}", provenance=recorded(c))
 
 
 @register_defense("amrm-pure-mae")
