@@ -27,6 +27,7 @@ from harness.store import rundir as store
 from .comparable import BudgetMismatchError, budget_summary, mismatches, without_purifier
 from .corruptions import MEAN, mean_scores
 from .corruptions import THREAT as CORRUPTIONS
+from .description import describe_run
 from .load import RunData, load_run
 from .outcomes import CRITERION_TEXT, WORST, budgets, check_criterion, outcome_table
 from .threat_check import run_threat
@@ -139,7 +140,9 @@ def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, at
     c = f"{confidence * 100:g}%"
     what = attack if attack == attack_b else f"{attack} (A) vs {attack_b} (B)"
     what = "mean corruption" if what == MEAN else what
-    lines = [f"Comparing {what} accuracy ({CRITERION_TEXT[criterion]}):",
+    # the criterion matters only where a defense answers differently across its R draws
+    how = f" ({CRITERION_TEXT[criterion]})" if describe_run(a).stochastic or describe_run(b).stochastic else ""
+    lines = [f"Comparing {what} accuracy{how}:",
              f"  A = {a.run_id} ({a.defense}): {100 * xa.mean():.1f}% of {len(oa)}",
              f"  B = {b.run_id} ({b.defense}): {100 * xb.mean():.1f}% of {len(ob)}"]
     lines += [f"WARNING: {key}'s accuracy is only an upper bound (its records skipped samples that still had "

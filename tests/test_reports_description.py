@@ -77,6 +77,13 @@ def test_the_criterion_is_stated_for_a_stochastic_defense_only(capsys, tmp_path,
     assert CRITERION in stochastic and "R = 10 evaluation draws per input (stochastic defense)" in stochastic
 
 
+def test_compare_states_the_criterion_only_where_a_defense_is_stochastic(capsys):
+    assert main(["compare", str(DETERMINISTIC), str(DETERMINISTIC)]) == 0
+    assert capsys.readouterr().out.startswith("Comparing worst-case accuracy:\n")
+    assert main(["compare", str(STOCHASTIC), str(STOCHASTIC)]) == 0
+    assert capsys.readouterr().out.startswith("Comparing worst-case accuracy (robust in all R evaluation draws):")
+
+
 def test_a_corruptions_report_names_its_corruption_set(capsys, tmp_path):
     run = ROOT / "results" / "cifar10-corruptions" / "diffpure-ddpm"  # all 15 corruptions at 5 severities, R = 10
     text = _report(capsys, run, "markdown", tmp_path)
