@@ -24,7 +24,7 @@ from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
-from harness.sources.catalog import DATASETS
+from harness.sources.spec import INTERPOLATIONS, SUBSETS, parse_dataset
 from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
@@ -35,7 +35,8 @@ NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id"
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
                                 "compile": False, "module_mode": None, "probe_gradients": True, "about": None,
                                 "threat": "lp", "corruptions": None, "severities": None,
-                                "band": None, "decide_by": "mean"}
+                                "band": None, "decide_by": "mean", "subset": None, "resize": None, "crop": None,
+                                "interpolation": None}
 
 
 @dataclass
@@ -43,9 +44,16 @@ class RunConfig:
     """Everything that determines a run. ``battery`` and ``escalations`` hold resolved attack specs (dicts)."""
     defense: str = "none"
     defense_opts: dict[str, Any] = field(default_factory=dict)
+    # a data set the harness knows or a source by spec (harness.sources.spec.parse_dataset)
     dataset: str = "cifar10"
     data_root: str | None = None
     download: bool = False
+    subset: str | None = None  # a named part of the dataset (robustbench-5000 of imagenet)
+    # preprocessing applied once before the defense (harness.sources.spec.Preprocess); None: not given (the source's
+    # default: resize 256 and crop 224 for imagenet, else none), resolved by prepare()
+    resize: int | None = None
+    crop: int | None = None
+    interpolation: str | None = None
     n: int | str = "all"
     seed: int = 0
     # which test images: the dataset indices given (None: a choice of n drawn with sample_seed, else with seed)
@@ -103,6 +111,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_values(vars(self), source="RunConfig")
+        parse_dataset(self.dataset)  # an unknown dataset or a malformed spec fails here, naming the accepted forms
         if self.indices is not None:  # a set of images: one order, so one run id
             self.indices = sorted(self.indices)
 
@@ -136,7 +145,9 @@ RULES: dict[str, Rule] = {
     "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),
     "decide_by": Rule(choices=("all", "majority", "mean")),
-    "dataset": Rule(choices=tuple(DATASETS)),
+    "subset": Rule(choices=tuple(SUBSETS)),
+    "resize": Rule(low=1), "crop": Rule(low=1),
+    "interpolation": Rule(choices=INTERPOLATIONS),
     "autocast": Rule(choices=("none", "bf16")),
     "module_mode": Rule(choices=("eval", "train")),
     "about": Rule(choices=tuple(s.value for s in Scope)),
