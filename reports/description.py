@@ -12,8 +12,8 @@ from typing import Any
 
 from harness.api.threatspec import ThreatSpec, describe_eps
 from harness.sources.catalog import DATASETS
-from harness.sources.spec import Preprocess
 from harness.sources.corruptions import CORRUPTIONS
+from harness.sources.spec import Preprocess
 
 from .load import RunData
 from .outcomes import eval_draws

@@ -252,3 +252,44 @@ def test_reports_name_the_preprocessing_and_compare_refuses_other_data(tmp_path,
     assert code != 0 and "preprocessing" in capsys.readouterr().err
     report = json.loads(json.dumps(load_provenance(tmp_path / "runs" / "cropped")["data"]))
     assert report["preprocessing"] == "resize 36 (bilinear), centre crop 32"
+
+
+def test_hostile_defenses_meet_the_same_checks_through_a_folder_source(tiny_data_root, tmp_path):
+    """The verdict re-reads the clean images from the source: a NaN wrapper is never robust and an in-place purifier
+    is named, when the images come from an image folder as from the built-in arrays."""
+    import torch
+
+    import harness.run.runner as runner
+    from conftest import TinyCNN
+    from harness.api.config import RunConfig
+    from harness.api.defense import Defense
+    from harness.store.rundir import load_diagnostics
+    from hostile_zoo import OffGrid
+
+    raw = np.load(tiny_data_root / "cifar10_test.npz")
+    folder = tmp_path / "zoo"
+    for i, (image, label) in enumerate(zip(raw["x"], raw["y"])):
+        (folder / f"c{label}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"c{label}" / f"{i:03d}.png")
+    classes = sorted(p.name for p in folder.iterdir())
+    if len(classes) < 10:  # every class folder, so the class count is the classifier's
+        for k in range(10):
+            (folder / f"c{k}").mkdir(exist_ok=True)
+            Image.fromarray(raw["x"][0]).save(folder / f"c{k}" / "extra.png")
+
+    class AddsInPlace(torch.nn.Module):
+        def forward(self, x):
+            return x.add_(0.01).clamp_(0, 1)
+
+    def cfg(run_id: str) -> RunConfig:
+        return RunConfig(defense="zoo", dataset=f"imagefolder:{folder}", out=str(tmp_path / "runs"), n=16, eps=0.1,
+                         attacks="quick", escalate=False, shard_size=16, batch_size=16, device="cpu", quiet=True,
+                         run_id=run_id)
+
+    nan_run = runner.run(cfg("nan"), defense=Defense(OffGrid(TinyCNN().eval(), "nan"), None, num_classes=10, name="zoo"))
+    df = load_records(nan_run)
+    attacked = df[(df.stage > 0) & df.attempted]
+    assert not attacked.correct_majority.any()
+    assert "non-finite-logits" in {f["code"] for f in load_diagnostics(nan_run)}
+    inplace = runner.run(cfg("inplace"), defense=Defense(TinyCNN().eval(), AddsInPlace(), num_classes=10, name="zoo"))
+    assert "writes-input" in {f["code"] for f in load_diagnostics(inplace)}

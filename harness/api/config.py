@@ -12,7 +12,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,7 +24,7 @@ from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
-from harness.sources.spec import INTERPOLATIONS, SUBSETS, parse_dataset
+from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem
 from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
@@ -111,7 +111,6 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_values(vars(self), source="RunConfig")
-        parse_dataset(self.dataset)  # an unknown dataset or a malformed spec fails here, naming the accepted forms
         if self.indices is not None:  # a set of images: one order, so one run id
             self.indices = sorted(self.indices)
 
@@ -154,6 +153,10 @@ RULES: dict[str, Rule] = {
 }
 
 
+# values a rule cannot say: checked by the parser of their own syntax (a message such as Rule's, or None)
+PARSED: dict[str, Callable[[Any], str | None]] = {"dataset": dataset_problem}
+
+
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:
     hints = typing.get_type_hints(RunConfig)
     return {f.name: (hints[f.name], RULES.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
@@ -173,7 +176,7 @@ def check_values(values: Mapping[str, Any], *, source: str | None, front: FrontE
         hint, rule, default = schema[key]
         if value is None and default is None:
             continue
-        msg = problem(value, hint, rule)
+        msg = problem(value, hint, rule) or (PARSED[key](value) if key in PARSED else None)
         if msg:
             name = front.option(key) if source is None else f"{source}: key {key!r}"
             problems.append(f"{name} {msg}")

@@ -12,7 +12,7 @@ from typing import Any
 from harness.errors import UsageError
 from harness.sources.catalog import DATASETS
 
-ACCEPTED = ", ".join(n for n in DATASETS if n != "imagenet") + ", imagenet, imagefolder:DIR, npz:FILE or hf:NAME[:SPLIT]"
+ACCEPTED = ", ".join(DATASETS) + ", imagefolder:DIR, npz:FILE or hf:NAME[:SPLIT]"
 # the shipped lists (harness/sources/data; their sources are named in its README.md)
 DATA_DIR = Path(__file__).resolve().parent / "data"
 IMAGENET_WNIDS = DATA_DIR / "imagenet-wnids.txt"
@@ -63,6 +63,17 @@ def parse_dataset(text: str) -> DataSpec:
         name, colon, split = rest.rpartition(":")
         return DataSpec(SourceKind.HF, name if colon else rest, split if colon and split else "test")
     return DataSpec(SourceKind(kind), rest)
+
+
+def dataset_problem(value: Any) -> str | None:
+    """What is wrong with a ``dataset`` value, said as the configuration schema says it (None: nothing)."""
+    if not isinstance(value, str):
+        return f"must be a string ({ACCEPTED}), got {value!r}"
+    try:
+        parse_dataset(value)
+    except UsageError:
+        return f"must be one of {ACCEPTED}, got {value!r}"
+    return None
 
 
 @dataclass(frozen=True)
