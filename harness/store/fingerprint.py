@@ -35,7 +35,7 @@ def _versioned_roots() -> tuple[str, ...]:
 
 # field name -> how a mismatch is named to the user
 LABELS = {"defense_source": "defense source", "defense_weights": "defense weights (parameters and buffers)",
-          "data": "data (selected images and labels, the source's file list, the preprocessing)", "versions": "package versions",
+          "data": "data (selected images and labels)", "versions": "package versions",
           "harness_code": "harness code (source files of the engine, attacks, defenses and presets)"}
 
 # the packages whose source computes a run's results (the report writers only read records)
