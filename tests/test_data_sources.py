@@ -293,3 +293,23 @@ def test_hostile_defenses_meet_the_same_checks_through_a_folder_source(tiny_data
     assert "non-finite-logits" in {f["code"] for f in load_diagnostics(nan_run)}
     inplace = runner.run(cfg("inplace"), defense=Defense(TinyCNN().eval(), AddsInPlace(), num_classes=10, name="zoo"))
     assert "writes-input" in {f["code"] for f in load_diagnostics(inplace)}
+
+
+def test_preprocessing_of_arrays_matches_the_folder_path(tiny_data_root, tmp_path):
+    """uint8 arrays go through PIL as files do, so a built-in set and its PNG files give the same pixels after
+    --resize/--crop; float arrays are resized as tensors and stay in [0, 1]."""
+    pre = Preprocess(64, 48, "bicubic")
+    builtin = open_source("cifar10", tiny_data_root, preprocess=pre)
+    raw = np.load(tiny_data_root / "cifar10_test.npz")
+    folder = tmp_path / "png"
+    (folder / "all").mkdir(parents=True)
+    for i in (2, 9):
+        Image.fromarray(raw["x"][i]).save(folder / "all" / f"{i:02d}.png")
+    x_arrays, _ = builtin.get([2, 9])
+    x_files, _ = open_source(f"imagefolder:{folder}", preprocess=pre).get([0, 1])
+    assert x_arrays.shape == (2, 3, 48, 48) and bool((x_arrays == x_files).all())
+    np.savez(tmp_path / "f.npz", x=raw["x"][:4].astype(np.float32) / 255, y=raw["y"][:4])
+    x_float, _ = open_source(f"npz:{tmp_path / 'f.npz'}", preprocess=pre).get([0, 1])
+    assert x_float.shape == (2, 3, 48, 48) and float(x_float.min()) >= 0 and float(x_float.max()) <= 1
+    assert float((x_float - builtin.get([0, 1])[0]).abs().mean()) < 0.02  # close to PIL's, not equal
+    assert builtin.fingerprint([2, 9]) != open_source("cifar10", tiny_data_root).fingerprint([2, 9])
