@@ -313,3 +313,14 @@ def test_preprocessing_of_arrays_matches_the_folder_path(tiny_data_root, tmp_pat
     assert x_float.shape == (2, 3, 48, 48) and float(x_float.min()) >= 0 and float(x_float.max()) <= 1
     assert float((x_float - builtin.get([0, 1])[0]).abs().mean()) < 0.02  # close to PIL's, not equal
     assert builtin.fingerprint([2, 9]) != open_source("cifar10", tiny_data_root).fingerprint([2, 9])
+
+
+@pytest.mark.slow
+def test_the_memory_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
+    from conftest import REPO, load_benchmark
+
+    bench = load_benchmark(REPO / "benchmarks" / "bench_data_memory.py")
+    code = bench.main(["--images", "20,60", "--size", "16", "--keep", str(tmp_path), "--limit", "1.5"])
+    out = capsys.readouterr().out
+    assert "20 images of 16x16: peak RSS" in out and "peak ratio 60 / 20 images" in out and code == 0, out
+    assert len(list((tmp_path / "60-16px").rglob("*.png"))) == 60
