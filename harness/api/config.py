@@ -24,6 +24,7 @@ from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
+from harness.sources.catalog import DATASETS
 from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem
 from harness.stats.sequential import Scope
 
@@ -237,7 +238,7 @@ def config_warnings(cfg: RunConfig, trained_on: str | None = None) -> list[str]:
     """Settings that are valid but almost certainly not meant: a classifier trained on another dataset
     (``trained_on``) than the run evaluates. (A budget that covers the input range is refused: :func:`check_eps`.)"""
     out = []
-    if trained_on is not None and trained_on != cfg.dataset:
+    if trained_on is not None and trained_on != cfg.dataset and cfg.dataset in DATASETS:  # a spec's data are unknown
         out.append(f"the classifier was trained on {trained_on} but the run evaluates it on {cfg.dataset} (the class "
                    f"counts match, so nothing else stops this); pick --dataset {trained_on} or a {cfg.dataset} classifier")
     return out

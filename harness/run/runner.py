@@ -63,7 +63,8 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
     if defense is None:
         defense = create_defense(cfg.defense, **cfg.defense_opts)
     data = open_data(cfg)
-    if defense.num_classes != data.num_classes if data.classes_fixed else defense.num_classes < data.num_classes:
+    # a source that declares its classes needs the same count; one whose labels alone bound it, at least as many
+    if (defense.num_classes != data.num_classes) if data.classes_fixed else (defense.num_classes < data.num_classes):
         has = f"{data.num_classes}" if data.classes_fixed else f"labels up to {data.num_classes - 1}"
         raise UsageError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
                          f"{has}; pick a matching --dataset or classifier")
