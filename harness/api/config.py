@@ -25,7 +25,7 @@ from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
-from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem
+from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem, parse_dataset
 from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
@@ -124,6 +124,10 @@ class RunConfig:
         out = {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
         out["decide_by"] = out["decide_by"] or "mean"
         return out
+
+    def dataset_stem(self) -> str:
+        """The dataset as a run id names it: ``cifar10``, ``imagefolder-<folder name>`` (:meth:`DataSpec.stem`)."""
+        return parse_dataset(self.dataset).stem()
 
     def fingerprint(self) -> str:
         values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}

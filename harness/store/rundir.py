@@ -43,7 +43,6 @@ from harness.api.flags import check_codes
 from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS, null_unattempted  # noqa: F401  (declared there)
 from harness.errors import HarnessError, MissingInputError, UsageError
 from harness.sources.corruptions import cell_name, cells
-from harness.sources.spec import parse_dataset
 from harness.stats.scoring import stages
 from harness.store._locks import file_lock
 from harness.store._machine import hardware, load_average
@@ -93,7 +92,7 @@ def make_run_id(cfg: RunConfig) -> str:
     """``<defense>-<dataset>-<hash>``: the hash covers every result-relevant config field, so the same
     command maps to the same directory (and resumes) while any change of settings gets a new one."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(cfg.defense.split(":")[0]).stem if ":" in cfg.defense else cfg.defense)
-    return validate_run_id(f"{stem.strip('_.-') or 'defense'}-{parse_dataset(cfg.dataset).stem()}-{cfg.fingerprint()}")
+    return validate_run_id(f"{stem.strip('_.-') or 'defense'}-{cfg.dataset_stem()}-{cfg.fingerprint()}")
 
 
 def _write_json(path: Path, obj: Any) -> None:
