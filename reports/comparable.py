@@ -1,7 +1,7 @@
 """When two runs measure the same thing: the one rule of ``harness compare`` and ``harness leaderboard``.
 
 Two runs are ranked only when everything that changes attack strength or scoring matches (:func:`mismatches`): the
-dataset, the threat model, the sample indices, the evaluation repeats R, the criterion the cascade decided by
+dataset (and its subset), the preprocessing of its images, the threat model, the sample indices, the evaluation repeats R, the criterion the cascade decided by
 (``decide_by``, when a defense draws more than once), the attacks' autocast precision, the battery (its attacks in
 order and each entry's options, escalations included) and, per attack, the record columns
 :data:`harness.api.records.BUDGET_COLUMNS` (ε, norm, the threat model's kind and band, iterations, restarts, step
@@ -27,6 +27,7 @@ from harness.battery.resolve import RESOLVER_OPTIONS
 from harness.stats.scoring import stages
 
 from .corruptions import THREAT as CORRUPTIONS
+from .description import run_preprocess
 from .load import RunData
 from .outcomes import budgets
 from .threat_check import run_threat
@@ -40,6 +41,7 @@ class Aspect(enum.Enum):
     """What a mismatch is about."""
 
     DATASET = "dataset"
+    PREPROCESSING = "preprocessing"
     THREAT = "threat model"
     SAMPLES = "sample indices"
     REPEATS = "evaluation repeats"
@@ -116,6 +118,12 @@ def _threat_and_data(a: RunData, b: RunData) -> list[Mismatch]:
     out = []
     if a.dataset != b.dataset:
         out.append(Mismatch(Aspect.DATASET, f"dataset = {a.dataset} in {na} but {b.dataset} in {nb}"))
+    if a.config.get("subset") != b.config.get("subset"):
+        out.append(Mismatch(Aspect.DATASET, f"subset = {a.config.get('subset') or 'none'} in {na} but "
+                                            f"{b.config.get('subset') or 'none'} in {nb}"))
+    pa, pb = run_preprocess(a.config).describe(), run_preprocess(b.config).describe()
+    if pa != pb:
+        out.append(Mismatch(Aspect.PREPROCESSING, f"preprocessing = {pa} in {na} but {pb} in {nb}"))
     ta, tb = run_threat(a), run_threat(b)
     if not same_threat(ta, tb):
         out.append(Mismatch(Aspect.THREAT, f"threat model = {ta.describe()} in {na} but {tb.describe()} in {nb}"))

@@ -13,6 +13,7 @@ from typing import Any
 from harness.api.threatspec import ThreatSpec, describe_eps
 from harness.sources.catalog import DATASETS
 from harness.sources.corruptions import CORRUPTIONS
+from harness.sources.spec import Preprocess
 
 from .load import RunData
 from .outcomes import eval_draws
@@ -37,6 +38,8 @@ class RunDescription:
     dataset: str
     n: int
     selection: str
+    subset: str | None = None  # a named part of the dataset (robustbench-5000)
+    preprocessing: str = "none"  # harness.sources.spec.Preprocess.describe()
 
     def threat_text(self) -> str:
         """``ℓ∞ ball, ε = 8/255``; ``low-frequency band (DCT frequencies max(u, v) < 8 per channel), ℓ2 ε = 1``;
@@ -61,8 +64,11 @@ class RunDescription:
         return text + (f", escalated with {', '.join(self.escalations)}" if self.escalations else "")
 
     def data_text(self) -> str:
-        """``cifar10 test split, n = 500 (drawn at random with seed 0)``."""
-        return f"{self.dataset} test split, n = {self.n:,} ({self.selection})"
+        """``cifar10 test split, n = 500 (drawn at random with seed 0)``; a subset and the preprocessing when there
+        are any: ``imagenet (robustbench-5000) test split, ...; preprocessing: resize 256 (bilinear), centre crop 224``."""
+        name = f"{self.dataset} ({self.subset})" if self.subset else self.dataset
+        prep = f"; preprocessing: {self.preprocessing}" if self.preprocessing != "none" else ""
+        return f"{name} test split, n = {self.n:,} ({self.selection}){prep}"
 
     def draws_text(self) -> str:
         kind = "stochastic defense" if self.stochastic else "deterministic defense"
@@ -77,7 +83,9 @@ class RunDescription:
                 "eps_text": describe_eps(t.eps) if sized else None, "band": t.band,
                 "corruptions": list(self.corruptions) or None, "severities": list(self.severities) or None,
                 "battery": self.battery, "attacks": list(self.attacks), "escalations": list(self.escalations),
-                "R": self.draws, "stochastic": self.stochastic, "selection": self.selection}
+                "R": self.draws, "stochastic": self.stochastic, "selection": self.selection,
+                **({"subset": self.subset} if self.subset else {}),  # only when set: older tables keep their columns
+                **({"preprocessing": self.preprocessing} if self.preprocessing != "none" else {})}
 
 
 def _selection(config: dict[str, Any], provenance: dict[str, Any], n: int) -> str:
@@ -91,9 +99,15 @@ def _selection(config: dict[str, Any], provenance: dict[str, Any], n: int) -> st
     if config.get("indices") is not None:
         return "the dataset indices given"
     info = DATASETS.get(str(config.get("dataset")))
-    if config.get("n") in (None, "all") or (info is not None and n == info.size):
+    size = (provenance.get("data") or {}).get("images") or (info.size if info is not None else None)
+    if config.get("n") in (None, "all") or n == size:
         return "the whole split"
     return f"drawn at random with seed {seed}"
+
+
+def run_preprocess(config: dict[str, Any]) -> Preprocess:
+    """The preprocessing a run's stored config resolved (none in runs made before it existed)."""
+    return Preprocess(config.get("resize"), config.get("crop"), config.get("interpolation") or "bilinear")
 
 
 def _battery_name(attacks: str | None) -> str:
@@ -115,7 +129,8 @@ def describe_run(run: RunData, n: int | None = None) -> RunDescription:
         severities=tuple(int(s) for s in cfg.get("severities") or ()), battery=_battery_name(cfg.get("attacks")),
         attacks=tuple(str(e.get("name") or e.get("attack")) for e in cfg.get("battery") or []),
         escalations=tuple(str(e.get("name") or e.get("attack")) for e in cfg.get("escalations") or []),
-        draws=draws, stochastic=stochastic, dataset=run.dataset, n=count, selection=_selection(cfg, prov, count))
+        draws=draws, stochastic=stochastic, dataset=run.dataset, n=count, selection=_selection(cfg, prov, count),
+        subset=cfg.get("subset"), preprocessing=run_preprocess(cfg).describe())
 
 
 def _part(title: str, values: list[tuple[str, str]]) -> str:

@@ -262,9 +262,11 @@ def planning_note(table: Table, half_width: float = 0.01) -> str:
         p, conf = row.cells[WORST].accuracy, table.settings.confidence
         text = f"{row.label}: n = {n_for_half_width(p, half_width, conf):,} at {pct(p)}%"
         info = DATASETS.get(row.run.dataset)
-        if info is not None:  # Wilson (not the normal approximation, which says 0 samples at 0% or 100%)
-            text += (f" (the full {info.size:,}-image {info.name} test split gives "
-                     f"±{100 * wilson_half_width(p, info.size, conf):.2f} points)")
+        size = (row.run.provenance.get("data") or {}).get("images") or (info.size if info is not None else None)
+        if size:  # Wilson (not the normal approximation, which says 0 samples at 0% or 100%); a subset's own size
+            subset = row.run.config.get("subset")
+            text += (f" (the full {size:,}-image {row.run.dataset}{f' {subset}' if subset else ''} test split gives "
+                     f"±{100 * wilson_half_width(p, size, conf):.2f} points)")
         parts.append(text)
     return (f"Samples needed for a ±{100 * half_width:g}-point {table.settings.confidence * 100:g}% Wilson interval "
             f"at the worst-case accuracy: " + "; ".join(parts) + ".")

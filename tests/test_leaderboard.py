@@ -351,7 +351,7 @@ def test_published_rows_alone_are_checked_against_each_other(tmp_path, capsys) -
     ("name,n,accuracy,threat\nA,512,50,Linf8\nB,512,40,\n", "line 2: threat model 'Linf8': expected [KIND:]NORM:EPS"),
     ("name,n,accuracy,norm,eps\nA,512,50,Linf,\nB,512,40,,\n", "line 2: norm and eps declare an lp ball together"),
     ("name,n,accuracy,threat,eps\nA,512,50,Linf:1,1\nB,512,40,,\n", "either in a threat column"),
-    ("name,n,accuracy,dataset\nA,512,50,imagenet\nB,512,40,\n", "dataset 'imagenet' is not one the harness"),
+    ("name,n,accuracy,dataset\nA,512,50,mnist\nB,512,40,\n", "dataset 'mnist' is not one the harness"),
 ])
 def test_bad_csv_is_one_line_naming_what_is_accepted(tmp_path, capsys, text, expect) -> None:
     code, out, err = _leaderboard(["--csv", str(_csv(tmp_path / "t.csv", text))], capsys)

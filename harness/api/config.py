@@ -12,7 +12,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,6 +25,7 @@ from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
+from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem, parse_dataset
 from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
@@ -35,7 +36,8 @@ NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id"
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
                                 "compile": False, "module_mode": None, "probe_gradients": True, "about": None,
                                 "threat": "lp", "corruptions": None, "severities": None,
-                                "band": None, "decide_by": "mean"}
+                                "band": None, "decide_by": "mean", "subset": None, "resize": None, "crop": None,
+                                "interpolation": None}
 
 
 @dataclass
@@ -43,9 +45,16 @@ class RunConfig:
     """Everything that determines a run. ``battery`` and ``escalations`` hold resolved attack specs (dicts)."""
     defense: str = "none"
     defense_opts: dict[str, Any] = field(default_factory=dict)
+    # a data set the harness knows or a source by spec (harness.sources.spec.parse_dataset)
     dataset: str = "cifar10"
     data_root: str | None = None
     download: bool = False
+    subset: str | None = None  # a named part of the dataset (robustbench-5000 of imagenet)
+    # preprocessing applied once before the defense (harness.sources.spec.Preprocess); None: not given (the source's
+    # default: resize 256 and crop 224 for imagenet, else none), resolved by prepare()
+    resize: int | None = None
+    crop: int | None = None
+    interpolation: str | None = None
     n: int | str = "all"
     seed: int = 0
     # which test images: the dataset indices given (None: a choice of n drawn with sample_seed, else with seed)
@@ -116,6 +125,10 @@ class RunConfig:
         out["decide_by"] = out["decide_by"] or "mean"
         return out
 
+    def dataset_stem(self) -> str:
+        """The dataset as a run id names it: ``cifar10``, ``imagefolder-<folder name>`` (:meth:`DataSpec.stem`)."""
+        return parse_dataset(self.dataset).stem()
+
     def fingerprint(self) -> str:
         values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         blob = json.dumps(values, sort_keys=True, default=str)
@@ -136,11 +149,17 @@ RULES: dict[str, Rule] = {
     "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),
     "decide_by": Rule(choices=("all", "majority", "mean")),
-    "dataset": Rule(choices=tuple(DATASETS)),
+    "subset": Rule(choices=tuple(SUBSETS)),
+    "resize": Rule(low=1), "crop": Rule(low=1),
+    "interpolation": Rule(choices=INTERPOLATIONS),
     "autocast": Rule(choices=("none", "bf16")),
     "module_mode": Rule(choices=("eval", "train")),
     "about": Rule(choices=tuple(s.value for s in Scope)),
 }
+
+
+# values a rule cannot say: checked by the parser of their own syntax (a message such as Rule's, or None)
+PARSED: dict[str, Callable[[Any], str | None]] = {"dataset": dataset_problem}
 
 
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:
@@ -162,7 +181,7 @@ def check_values(values: Mapping[str, Any], *, source: str | None, front: FrontE
         hint, rule, default = schema[key]
         if value is None and default is None:
             continue
-        msg = problem(value, hint, rule)
+        msg = problem(value, hint, rule) or (PARSED[key](value) if key in PARSED else None)
         if msg:
             name = front.option(key) if source is None else f"{source}: key {key!r}"
             problems.append(f"{name} {msg}")
@@ -223,7 +242,7 @@ def config_warnings(cfg: RunConfig, trained_on: str | None = None) -> list[str]:
     """Settings that are valid but almost certainly not meant: a classifier trained on another dataset
     (``trained_on``) than the run evaluates. (A budget that covers the input range is refused: :func:`check_eps`.)"""
     out = []
-    if trained_on is not None and trained_on != cfg.dataset:
+    if trained_on is not None and trained_on != cfg.dataset and cfg.dataset in DATASETS:  # a spec's data are unknown
         out.append(f"the classifier was trained on {trained_on} but the run evaluates it on {cfg.dataset} (the class "
                    f"counts match, so nothing else stops this); pick --dataset {trained_on} or a {cfg.dataset} classifier")
     return out

@@ -31,7 +31,8 @@ from harness.errors import ConfigError
 from harness.progress import get_logger, progress_bar, shard_text
 from harness.run._acceleration import resolve_device
 from harness.sources.catalog import select_indices
-from harness.sources.datasets import load_test_set
+from harness.sources.datasets import open_source
+from harness.sources.spec import parse_dataset
 from harness.store import fingerprint
 from harness.store._machine import hardware, load_average
 from harness.store.rundir import Plan, RunKind, RunStore, check_format, validate_run_id
@@ -93,7 +94,7 @@ class CertifyConfig:
     def run_id_default(self) -> str:
         blob = json.dumps(self.result_dict(), sort_keys=True, default=str)
         stem = self.defense.split(":")[-1] if ":" in self.defense else self.defense
-        return validate_run_id(f"certify-{stem}-{self.dataset}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}")
+        return validate_run_id(f"certify-{stem}-{parse_dataset(self.dataset).stem()}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}")
 
 
 def load_certify_config(path: str | Path) -> CertifyConfig:
@@ -154,12 +155,11 @@ def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_res
         torch.set_num_threads(cfg.threads)
     defense = defense if defense is not None else create_defense(cfg.defense, **cfg.defense_opts)
     check_base_classifier(defense, cfg.sigma)
-    data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
+    data = open_source(cfg.dataset, cfg.data_root, cfg.download)
     indices = select_indices(len(data), cfg.n, cfg.seed)
     device = resolve_device(cfg.device)
     plan = Plan.split(indices, cfg.shard_size)
-    selected = np.asarray(indices, dtype=np.int64)
-    fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
+    fp = fingerprint.compute(cfg.defense, defense, data.fingerprint(indices))
     defense = defense.to(device).eval()
     store = RunStore(Path(cfg.out) / (validate_run_id(cfg.run_id) if cfg.run_id else cfg.run_id_default()))
     with store.run_lock():
@@ -195,7 +195,7 @@ def latency(cfg: CertifyConfig, *, samples: int = 5, warmup: int = 1) -> dict[st
         torch.set_num_threads(cfg.threads)
     defense = create_defense(cfg.defense, **cfg.defense_opts)
     check_base_classifier(defense, cfg.sigma)
-    data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
+    data = open_source(cfg.dataset, cfg.data_root, cfg.download)
     device = resolve_device(cfg.device)
     defense = defense.to(device).eval()
     indices = select_indices(len(data), max(cfg.n if isinstance(cfg.n, int) else len(data), samples + warmup), cfg.seed)

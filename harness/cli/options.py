@@ -13,7 +13,7 @@ from harness.api.config import RULES, RunConfig
 from harness.api.frontend import FrontEnd
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
 from harness.errors import UsageError
-from harness.sources.catalog import DATASETS, parse_indices
+from harness.sources.catalog import parse_indices
 
 DEFENSE_HELP = "registered name (see `harness list defenses`), file.py:factory or module:factory"
 DATA_ROOT_HELP = "data directory [$HARNESS_DATA, else ~/.cache/harness/data]"
@@ -32,9 +32,16 @@ RUN_HELP: dict[str, str] = {
                    "[default: --seed]",
     "indices": "the test images: dataset indices as a list (0,5,17) or a file of them (commas, spaces or "
                "newlines) [default: --n images drawn with the sample seed]",
-    "dataset": "",
+    "dataset": "the test images: cifar10, cifar100, svhn, imagenet (ILSVRC2012 validation folders under "
+               "--data-root), imagefolder:DIR (one folder per class), npz:FILE (arrays x, y) or hf:NAME[:SPLIT] "
+               "(a Hugging Face dataset; docs/datasets.md) [default: cifar10]",
     "data_root": "data directory [default: $HARNESS_DATA, else ~/.cache/harness/data]",
     "download": "let torchvision download the dataset if missing",
+    "subset": "a named part of the dataset: robustbench-5000 (RobustBench's 5,000 ImageNet validation images)",
+    "resize": "resize each image's shorter side to N pixels before the defense [default: 256 for imagenet, else "
+              "none]",
+    "crop": "keep the centre MxM square of each image (after --resize) [default: 224 for imagenet, else none]",
+    "interpolation": "the interpolation of --resize [default: bilinear]",
     "eps": "perturbation budget, a number or a fraction like 8/255",
     "allow_large_eps": "evaluate an --eps that reaches the centre of the input box from every image (Linf: half the "
                        "input range, 0.5 on [0, 1] images; L2: half the box's diagonal; L1: half the range times the "
@@ -176,7 +183,8 @@ def add_defense_options(p: argparse.ArgumentParser, *, required: bool = False) -
 
 
 def add_data_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="cifar10", choices=tuple(DATASETS), help="[cifar10]")
+    p.add_argument("--dataset", default="cifar10", help="cifar10, cifar100, svhn, imagenet, imagefolder:DIR, npz:FILE "
+                   "or hf:NAME[:SPLIT] (docs/datasets.md) [cifar10]")
     p.add_argument("--data-root", help=DATA_ROOT_HELP)
     p.add_argument("--download", action="store_true", help="let torchvision download the dataset if missing")
 

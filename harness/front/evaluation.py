@@ -33,7 +33,7 @@ def _config(defense: Defense | nn.Module | str, attacks: str | None, config: Run
     from torch import nn
 
     from harness.api.defense import Defense
-    from harness.sources.catalog import dataset_info
+    from harness.sources.catalog import DATASETS, dataset_info
 
     unknown = sorted(set(options) - FIELD_NAMES)
     if unknown:
@@ -49,6 +49,9 @@ def _config(defense: Defense | nn.Module | str, attacks: str | None, config: Run
         obj, values["defense"] = defense, defense.name
     elif isinstance(defense, nn.Module):  # a bare classifier: no purifier
         dataset = values.get("dataset") or (config.dataset if config else RunConfig.dataset)
+        if dataset not in DATASETS:  # a source by spec declares no class count a classifier could be given
+            raise UsageError(f"a bare classifier gets the class count of a known dataset ({', '.join(DATASETS)}); for "
+                             f"dataset {dataset!r} pass harness.Defense(model, num_classes=K)")
         obj = Defense(defense, num_classes=dataset_info(dataset).num_classes, name=type(defense).__name__.lower())
         values["defense"] = obj.name
     else:

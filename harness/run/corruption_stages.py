@@ -32,8 +32,9 @@ from harness.run._acceleration import as_input
 from harness.run.phases import Phase, PhaseKind
 from harness.run.stage import clean_stage
 from harness.sources.corruptions import CorruptionCache, cell_name, cells, resolve_choice
-from harness.sources.datasets import TestSet
-from harness.store.fingerprint import Fingerprint, hash_arrays
+from harness.sources.datasets import DataSource, TestSet
+from harness.sources.hashing import hash_arrays
+from harness.store.fingerprint import Fingerprint
 from harness.store.rundir import Plan
 
 log = get_logger("runner")
@@ -96,9 +97,12 @@ def _digest(images: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()
 
 
-def prepare_images(cfg: RunConfig, data: TestSet, plan: Plan) -> Corrupted:
+def prepare_images(cfg: RunConfig, data: DataSource, plan: Plan) -> Corrupted:
     """Generate the corrupted images the run lacks in the cache (seed: ``--sample-seed``, else ``--seed``), and
     digest what it will evaluate."""
+    if not isinstance(data, TestSet) or not data.classes_fixed or not data.preprocess.identity:
+        raise UsageError(f"--threat corruptions generates its images from a whole built-in test split (cifar10, "
+                         f"cifar100 or svhn) without --resize/--crop; not from --dataset {cfg.dataset}")
     seed = cfg.seed if cfg.sample_seed is None else cfg.sample_seed
     cache = CorruptionCache(cfg.dataset, data.x, seed)
     chosen = cells(cfg.corruptions or [], cfg.severities or [])

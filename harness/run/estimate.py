@@ -50,7 +50,7 @@ from harness.run.fullcost import Calibration, FullCost
 from harness.run.phases import ATTACKS, ESCALATION
 from harness.run.shards import RunShards
 from harness.run.verdict import Verifier
-from harness.sources.datasets import TestSet
+from harness.sources.datasets import DataSource
 from harness.store.rundir import RunStore
 
 CALIBRATION_SAMPLES = 64  # the most calibration samples by default
@@ -181,7 +181,7 @@ def duration(seconds: float) -> str:
     return f"{s}s"
 
 
-def estimate(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int], device: torch.device, *,
+def estimate(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int], device: torch.device, *,
              samples: int | None = None, probe: GradientProbe | None = None, findings: Sequence[dict[str, Any]] = (),
              verifier: Verifier | None = None, stateful: bool = False,
              clock: Callable[[], float] | None = None) -> Estimate:

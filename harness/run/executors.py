@@ -22,8 +22,6 @@ import platform
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-import numpy as np
-
 from harness.api.config import RunConfig
 from harness.api.defense import create_defense
 from harness.diagnostics.preflight import Preflight
@@ -32,9 +30,10 @@ from harness.progress import progress_bar, shard_text
 from harness.run._acceleration import resolve_device
 from harness.run._memory import Batching, resumed_size
 from harness.run._placement import Placed, place_checked
+from harness.run.data import open_data
 from harness.run.phases import Phase
 from harness.run.shards import RunShards
-from harness.sources.datasets import load_test_set, resolve_root
+from harness.sources.datasets import resolve_root
 from harness.store import fingerprint
 from harness.store.rundir import RunStore, load_provenance
 
@@ -240,11 +239,10 @@ def _build(cfg: RunConfig, run_dir: str) -> tuple[Placed, Any]:
     key = json.dumps([cfg.defense, cfg.defense_opts, cfg.dataset, cfg.data_root, cfg.device, run_dir], default=str)
     if key not in _BUILT:
         defense = create_defense(cfg.defense, **cfg.defense_opts)
-        data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
+        data = open_data(cfg)
         prov = load_provenance(run_dir)
-        selected = np.asarray(prov["indices"], dtype=np.int64)
         stored = fingerprint.Fingerprint.from_dict(prov.get("fingerprint") or {})
-        mine = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
+        mine = fingerprint.compute(cfg.defense, defense, data.fingerprint([int(i) for i in prov["indices"]]))
         changes = stored.differences(mine)
         if changes:
             raise SetupError(f"a Ray worker on {platform.node()} differs from the run's driver in {'; '.join(changes)}; "

@@ -31,6 +31,7 @@ from harness.progress import get_logger, shard_text
 from harness.run import corruption_stages
 from harness.run._memory import Batching, resumed_size
 from harness.run._placement import place_and_check
+from harness.run.data import open_data
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
 from harness.run.phases import ATTACKS, ESCALATION, Phase, PhaseKind
@@ -38,7 +39,7 @@ from harness.run.probe import split_probed
 from harness.run.schedule import check_schedule
 from harness.run.shards import RunShards
 from harness.sources.catalog import select_indices
-from harness.sources.datasets import TestSet, load_test_set
+from harness.sources.datasets import DataSource
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
@@ -51,7 +52,7 @@ LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a 
 
 
 def prepare(cfg: RunConfig, defense: Defense | None = None,
-            front: FrontEnd = FrontEnd.CLI) -> tuple[RunConfig, Defense, TestSet, list[int]]:
+            front: FrontEnd = FrontEnd.CLI) -> tuple[RunConfig, Defense, DataSource, list[int]]:
     """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats); ``front``: whose
     options the config holds, so errors name them as that user wrote them."""
     # the config schema again: fields may have been set after construction
@@ -61,11 +62,14 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
         torch.set_num_threads(cfg.threads)
     if defense is None:
         defense = create_defense(cfg.defense, **cfg.defense_opts)
-    data = load_test_set(cfg.dataset, cfg.data_root, cfg.download)
-    if defense.num_classes != data.num_classes:
+    data = open_data(cfg)
+    # a source that declares its classes needs the same count; one whose labels alone bound it, at least as many
+    if (defense.num_classes != data.num_classes) if data.classes_fixed else (defense.num_classes < data.num_classes):
+        has = f"{data.num_classes}" if data.classes_fixed else f"labels up to {data.num_classes - 1}"
         raise UsageError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
-                         f"{data.num_classes}; pick a matching --dataset or classifier")
-    check_eps(cfg, defense.bounds, int(np.prod(data.x.shape[1:])))  # a forgotten /255 fails before any work
+                         f"{has}; pick a matching --dataset or classifier")
+    # a forgotten /255 fails before any work
+    check_eps(cfg, defense.bounds, int(np.prod(data.get([0])[0].shape[1:])))
     for warning in config_warnings(cfg, defense.trained_on):
         log.warning(warning)
     indices = select_indices(len(data), cfg.n, cfg.seed if cfg.sample_seed is None else cfg.sample_seed, cfg.indices)
@@ -159,8 +163,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
     cfg, defense, data, indices = prepare(cfg, defense, front)
     plan = Plan.split(indices, cfg.shard_size)
-    selected = np.asarray(indices, dtype=np.int64)
-    fp = fingerprint.compute(cfg.defense, defense, data.x[selected], data.y[selected])
+    fp = fingerprint.compute(cfg.defense, defense, data.fingerprint(indices))
     corrupted = None
     if cfg.threat == corruption_stages.THREAT:  # generated (or read from the cache) now, and fingerprinted
         if name != "local":
@@ -182,6 +185,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
                               info=dict(device=str(device), defense=defense.describe(), data_source=data.source,
+                                        data=data.describe(),
                                         preflight=pf.to_dict()))
     batching.attach(store.record_batch_size)
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",

@@ -28,7 +28,7 @@ from harness.run.rungs import run_rung_stage
 from harness.run.schedule import stage_extras
 from harness.run.stage import clean_stage, flag_dict, run_stage, skipped_stage, uses_dead_gradient
 from harness.run.verdict import Verifier
-from harness.sources.datasets import TestSet
+from harness.sources.datasets import DataSource
 from harness.stats.scoring import attackable_after, stages
 from harness.store.partial import bytes_frame, drop_partial, frame_bytes, load_partial, save_partial
 from harness.store.rundir import COLUMNS, RunStore
@@ -41,7 +41,7 @@ BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 class RunShards:
     """State shared by the shards of one run: defense, data, store and one progress bar per attack."""
 
-    def __init__(self, cfg: RunConfig, defense: Defense, data: TestSet, store: RunStore, device: torch.device, n: int,
+    def __init__(self, cfg: RunConfig, defense: Defense, data: DataSource, store: RunStore, device: torch.device, n: int,
                  n_shards: int, *, probe: GradientProbe | None, verifier: Verifier | None,
                  stateful: bool = False, defer_probes: bool = True, front: FrontEnd = FrontEnd.CLI,
                  clock: Callable[[], float] = time.monotonic, batching: Batching | None = None) -> None:

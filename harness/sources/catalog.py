@@ -25,7 +25,8 @@ class DatasetInfo:
     name: str
     num_classes: int
     size: int  # test split size
-    loader: Callable[[Path, bool, bool], tuple[np.ndarray, np.ndarray]]  # (root, download, train) -> (x NHWC uint8, y)
+    # (root, download, train) -> (x NHWC uint8, y); None: read from its class folders (harness.sources.folder)
+    loader: Callable[[Path, bool, bool], tuple[np.ndarray, np.ndarray]] | None
 
 
 def _torchvision_cifar(cls_name: str) -> Callable[[Path, bool, bool], tuple[np.ndarray, np.ndarray]]:
@@ -47,6 +48,7 @@ DATASETS: dict[str, DatasetInfo] = {
     "cifar10": DatasetInfo("cifar10", 10, 10_000, _torchvision_cifar("CIFAR10")),
     "cifar100": DatasetInfo("cifar100", 100, 10_000, _torchvision_cifar("CIFAR100")),
     "svhn": DatasetInfo("svhn", 10, 26_032, _torchvision_svhn),
+    "imagenet": DatasetInfo("imagenet", 1000, 50_000, None),  # ILSVRC2012 validation images, wnid class folders
 }
 
 

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from harness.sources.hashing import hash_file
 
 if TYPE_CHECKING:
     from torch import nn
@@ -84,11 +84,12 @@ def _short(value: Any) -> str:
     return text[:12] if len(text) == 64 else text
 
 
-def compute(spec: str, defense: nn.Module, x: np.ndarray, y: np.ndarray) -> Fingerprint:
-    """Fingerprint of defense ``spec`` (built as ``defense``) evaluated on images ``x`` with labels ``y``."""
+def compute(spec: str, defense: nn.Module, data: str) -> Fingerprint:
+    """Fingerprint of defense ``spec`` (built as ``defense``) evaluated on the samples whose hash is ``data`` (the
+    source's :meth:`~harness.sources.datasets.DataSource.fingerprint` of the selected indices)."""
     files = defense_source_files(spec, defense)
     return Fingerprint(defense_source={str(p): hash_file(p) for p in files}, defense_weights=hash_state(defense),
-                       data=hash_arrays(x, y), versions=package_versions(RESULT_PACKAGES), harness_code=code_hash())
+                       data=data, versions=package_versions(RESULT_PACKAGES), harness_code=code_hash())
 
 
 def defense_source_files(spec: str, defense: nn.Module) -> list[Path]:
@@ -127,14 +128,6 @@ def _spec_file(spec: str) -> Path | None:
     return Path(source).resolve() if source else None
 
 
-def hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def hash_state(module: nn.Module) -> str:
     """Hash of every parameter and buffer (names, dtypes, shapes and values)."""
     import torch
@@ -147,15 +140,6 @@ def hash_state(module: nn.Module) -> str:
         t = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(f"{name}:{t.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
-
-
-def hash_arrays(*arrays: np.ndarray) -> str:
-    digest = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        digest.update(f"{a.dtype}:{a.shape};".encode())
-        digest.update(a.tobytes())
     return digest.hexdigest()
 
 

@@ -93,7 +93,7 @@ def make_run_id(cfg: RunConfig) -> str:
     """``<defense>-<dataset>-<hash>``: the hash covers every result-relevant config field, so the same
     command maps to the same directory (and resumes) while any change of settings gets a new one."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(cfg.defense.split(":")[0]).stem if ":" in cfg.defense else cfg.defense)
-    return validate_run_id(f"{stem.strip('_.-') or 'defense'}-{cfg.dataset}-{cfg.fingerprint()}")
+    return validate_run_id(f"{stem.strip('_.-') or 'defense'}-{cfg.dataset_stem()}-{cfg.fingerprint()}")
 
 
 def _write_json(path: Path, obj: Any) -> None:
