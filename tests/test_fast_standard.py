@@ -22,15 +22,18 @@ from test_adaptive_cost import TriggerAttack  # noqa: F401  (registers test-trig
 SHAPE = (3, 4, 4)
 
 
-def _linear(seed: int = 1, classes: int = 6) -> nn.Linear:
-    """W x + b with rows of very different sizes: a class with a large logit can lie far (its row differs from the
-    true class's by a lot), one with a small logit near."""
+def _linear(seed: int = 3, classes: int = 6) -> nn.Linear:
+    """W x + b whose even rows are sparse and large (3 entries, ×4) and odd rows dense: the ℓ1 and ℓ2 sizes of
+    w_y - w_t then rank the classes differently, and both differently from the logits."""
     g = torch.Generator().manual_seed(seed)
     d = int(np.prod(SHAPE))
     lin = nn.Linear(d, classes)
     with torch.no_grad():
-        scale = torch.logspace(-1, 1, classes)[torch.randperm(classes, generator=g)]
-        lin.weight.copy_(torch.randn(classes, d, generator=g) * scale.view(-1, 1))
+        w = torch.randn(classes, d, generator=g)
+        mask = torch.zeros(classes, d)
+        for c in range(classes):
+            mask[c, torch.randperm(d, generator=g)[:3] if c % 2 == 0 else torch.arange(d)] = 4.0 if c % 2 == 0 else 1.0
+        lin.weight.copy_(w * mask)
         lin.bias.copy_(torch.randn(classes, generator=g) * 3)
     return lin
 
@@ -58,6 +61,8 @@ def test_malt_attacks_the_nearest_boundaries_of_a_linear_model(norm, dual):
     k = 3
     assert sum(d[:k] != lg[:k] for d, lg in zip(by_distance, by_logit)) >= 8  # the orders differ on most samples
     assert sum(d[0] != lg[0] for d, lg in zip(by_distance, by_logit)) >= 3  # the first target too, on some
+    other_norm = _analytic(lin, x, y, 3.0 - dual)[0]  # the ℓ2 order for ℓ∞ and the ℓ1 order for ℓ2 ...
+    assert sum(d[:k] != o[:k] for d, o in zip(by_distance, other_norm)) >= 8  # ... differ: the dual norm matters
     attack = APGDTargeted(eps=1e-4, norm=norm, steps=2, targets=k, target_order="malt")
     result = attack(Target(defense, "full", 1), x, y, seed=0)
     assert result.extras["targets"].tolist() == [d[:k] for d in by_distance]
