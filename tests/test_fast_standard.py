@@ -197,3 +197,18 @@ def test_a_fast_run_interrupted_inside_the_battery_resumes_to_identical_records(
         assert targets == load_side(ref_dir)[shard]["attacks"]["apgd-t-malt"]["per_sample"]
         attempted = malt[(malt.shard == shard) & malt.attempted]
         assert targets["index"] == attempted["index"].tolist() and all(len(t) == 3 for t in targets["targets"])
+
+
+def test_a_probed_malt_stage_keeps_the_targets_of_its_probe_and_of_its_extension(tiny_data_root, tmp_path):
+    entry = {"name": "apgd-t-malt", "attack": "apgd-t", "probe": 4,
+             "options": {"steps": 3, "targets": 3, "target_order": "malt"}}
+    defense = Defense(TinyCNN().eval(), None, num_classes=10, name="tiny")
+    run_dir = runner.run(_fast_cfg(tiny_data_root, tmp_path, [entry], eps=0.08), defense=defense)
+    recs = load_records(run_dir)
+    malt = recs[recs.attack == "apgd-t-malt"]
+    for shard, side in load_side(run_dir).items():
+        info = side["attacks"]["apgd-t-malt"]
+        assert info["probe"]["extended"]  # the probe broke a sample: the stage ran on every survivor
+        attempted = malt[(malt.shard == shard) & malt.attempted]["index"]
+        assert sorted(info["per_sample"]["index"]) == sorted(attempted) and len(attempted) > info["probe"]["members"]
+        assert len(info["per_sample"]["targets"]) == len(attempted)
