@@ -8,7 +8,7 @@ from harness.battery.catalog import list_presets, preset_dirs
 from harness.battery.presets import resolve_battery
 from harness.battery.resolve import resolve
 
-PRESETS = ("quick", "standard", "adaptive", "full", "rand")
+PRESETS = ("quick", "standard", "standard-fast", "adaptive", "full", "rand")
 
 
 @pytest.mark.parametrize("name", PRESETS)

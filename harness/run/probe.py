@@ -31,7 +31,7 @@ from harness.api.flags import FlagCode
 from harness.api.records import PROBE_SKIP
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
-from harness.run.schedule import stage_extras
+from harness.run.schedule import merge_per_sample, stage_extras
 from harness.run.stage import flag_dict, run_stage
 from harness.stats.intervals import clopper_pearson
 from harness.stats.scoring import attackable_after
@@ -133,7 +133,9 @@ def extend_shard(ctx: Any, shard: int, indices: list[int], spec: AttackSpec, pla
         seconds = float(frame.time_s[deferred].sum())
         summary.append(dict(stage=spec.name, attempted=int(deferred.sum()), seconds=seconds, checks=0.0,
                             robust=int((outcome.robust_after & rest).sum())))
-        entry.update(attempted=int(frame.attempted.sum()), **stage_extras(outcome, frame))
+        extras = stage_extras(outcome, frame, indices)
+        merge_per_sample(entry, extras.pop("per_sample", None))
+        entry.update(attempted=int(frame.attempted.sum()), **extras)
     elif deferred.any():
         frame.loc[deferred, "skipped"] = plan.unbroken()
         side["diagnostics"].append({

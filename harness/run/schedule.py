@@ -47,16 +47,36 @@ def check_schedule(specs: list[AttackSpec], eps: float, norm: str, *, every_atta
                              "iterations (its last rung)")
 
 
-def stage_extras(outcome: StageOutcome, cols: dict[str, Any]) -> dict[str, Any]:
+# per-sample extras an attack may return that the side data keeps, by dataset index (APGD-T with MALT's targets:
+# the targets each sample was attacked with, those of the logits' order, and the one whose run broke it)
+PER_SAMPLE_EXTRAS = ("targets", "targets_by_logits", "broken_by_target")
+
+
+def stage_extras(outcome: StageOutcome, cols: dict[str, Any], indices: list[int] | None = None) -> dict[str, Any]:
     """What a stage's side data holds besides its counts: the attack's accuracy trace, the passes per attempted
-    sample (each count and their sum, ``total``) and, with an adaptive EOT, the mean draws per gradient."""
+    sample (each count and their sum, ``total``), with an adaptive EOT the mean draws per gradient, and with
+    ``indices`` (the shard's dataset indices) the attack's :data:`PER_SAMPLE_EXTRAS`, under ``per_sample`` with the
+    dataset ``index`` of each sample the outcome attacked (:func:`merge_per_sample` joins a probe's two parts)."""
     extras = outcome.result.extras or {}
     out: dict[str, Any] = {k: v for k, v in extras.items() if k == "acc_trace"}
     attempted = np.asarray(cols["attempted"], dtype=bool)
     if attempted.any():
         means = {k: float(np.asarray(cols[k], dtype=float)[attempted].mean()) for k in PASS_COLUMNS}
         out["passes"] = {**means, "total": sum(means.values())}
+    kept = {k: extras[k] for k in PER_SAMPLE_EXTRAS if isinstance(extras.get(k), Tensor)}
+    if indices is not None and kept:
+        rows = outcome.robust_before.cpu().numpy()
+        out["per_sample"] = {"index": [int(i) for i in np.asarray(indices)[rows]],
+                             **{k: v.detach().cpu().tolist() for k, v in kept.items()}}
     draws = extras.get("eot_draws")
     if isinstance(draws, Tensor) and draws.numel():
         out["eot_draws"] = float(draws.float().mean())
     return out
+
+
+def merge_per_sample(entry: dict[str, Any], more: dict[str, Any] | None) -> None:
+    """Append ``more`` (the ``per_sample`` side data of a later part of the stage) to ``entry``'s."""
+    if more:
+        old = entry.setdefault("per_sample", {})
+        for key, values in more.items():
+            old[key] = list(old.get(key, [])) + list(values)

@@ -278,7 +278,7 @@ class RunShards:
             side["stages"].append(spec.name)
             side["attacks"][spec.name] = {"attempted": int(outcome.robust_before.sum()),
                                           "robust_after": int(outcome.robust_after.sum()),
-                                          **stage_extras(outcome, cols), **extra}
+                                          **stage_extras(outcome, cols, indices), **extra}
             flags = diagnostics.after_stage(outcome)
             side["diagnostics"].extend(flag_dict(f, outcome) for f in flags)
             if dead is None and prior is None and cfg.skip_dead_gradients:  # the configured battery only
