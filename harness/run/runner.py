@@ -108,14 +108,18 @@ def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int
 def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int | None = None) -> Estimate:
     """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.run.estimate`); runs
     nothing else and writes nothing."""
+    rebuildable = defense is None  # built from its spec: another process can build it too
     cfg, defense, data, indices = prepare(cfg, defense)
     if cfg.threat == corruption_stages.THREAT:
         raise UsageError("--estimate times attack stages; a --threat corruptions run has none (it costs one evaluation "
                          "of each image per stage and eval repeat, plus generating the corrupted images once)")
-    placed = place_and_check(cfg, defense, data, indices)
+    placed = place_and_check(cfg, defense, data, indices, rebuildable=rebuildable)
     pf = placed.preflight
-    return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
-                    findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
+    try:
+        return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
+                        findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
+    finally:
+        placed.verifier.close()
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
@@ -142,6 +146,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
         raise UsageError(f"--executor {name} spreads every shard of the run over its workers; it cannot be combined "
                          f"with {'--shard-slice' if shard_slice is not None else '--until'} (use --executor local)")
     executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
+    rebuildable = defense is None  # built from its spec: the verdict comes from new processes
     cfg, defense, data, indices = prepare(cfg, defense)
     plan = Plan.split(indices, cfg.shard_size)
     selected = np.asarray(indices, dtype=np.int64)
@@ -153,7 +158,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                              "--shard-slice for several jobs)")
         corrupted = corruption_stages.prepare_images(cfg, data, plan)
         fp = corrupted.fingerprint(fp)
-    placed = place_and_check(cfg, defense, data, indices)  # before any work
+    placed = place_and_check(cfg, defense, data, indices, rebuildable=rebuildable)  # before any work
     defense, device, pf = placed.defense, placed.device, placed.preflight
     est = None
     if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of such a run
@@ -164,7 +169,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
                               info=dict(device=str(device), defense=defense.describe(), data_source=data.source,
-                                        preflight=pf.to_dict()))
+                                        preflight=pf.to_dict(), verdict=placed.verifier.kind.value))
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
     shards = plan.shards()
@@ -202,6 +207,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     finally:
         ctx.close()
         executor.close()
+        placed.verifier.close()
     with store.run_lock():
         missing = completeness(store.dir).missing_shards
         if missing:  # e.g. a shard file deleted while the run was going on

@@ -1,0 +1,163 @@
+"""Fresh instances of a defense in another process, for the verdict and the state check.
+
+Copies of a defense in the process the attacks queried share everything outside the object: a module-level cache, a
+class attribute, a global counter. So a run whose defense was built from a spec (a registered name, ``file.py:factory``,
+``module:factory``, an entry point) also rebuilds it, from the same spec and options, in a new process for every
+call (:class:`IsolatedProcess`): nothing any query of the run did can be seen there, wherever the defense keeps it.
+
+The processes are forked from a *fork server*: a process of its own, started clean (it imports torch and the
+engine, never the defense's module, and runs no query), so each child starts from a state no query ever touched,
+imports the defense's module anew, builds the defense, answers one call and exits (``max_tasks_per_child=1``): a
+cache filled by one evaluation cannot answer the next. A ``spawn`` context would do the same, but every call would
+then import torch and the engine again (seconds per call); forking from the server costs only the defense's own
+import and construction. The server starts no thread pool and touches no accelerator (importing torch does
+neither), so forking from it is safe. What a new process cannot undo is what a defense keeps outside the process:
+files it writes, a server it talks to.
+
+A script that runs an evaluation must guard its top level with ``if __name__ == "__main__":``, as with any
+process pool started this way: each child imports the main module (not the defense's state) again.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from harness.api._seeding import seeded
+from harness.api.defense import DEFENSES, Defense, create_defense
+from harness.api.evaluation import Evaluation, evaluate
+from harness.errors import SetupError, one_line
+
+# what the fork server imports before forking: torch and the engine, never a defense's module
+PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated"]
+START_METHOD = "forkserver"  # see the module docstring
+_FILE_PLUGIN = "_harness_plugin_"  # module names the registry gives files it loaded (harness.api.registry)
+
+
+class VerdictKind(Enum):
+    """Where a run's verdict comes from (recorded in provenance, shown by the report)."""
+    ISOLATED = "isolated process"  # instances built anew in a new process per call
+    COPIES = "in-process copies"  # copies of the defense in the attacked process (a defense given as an object)
+
+
+def fresh_evaluation(template: Defense, fresh: Callable[[], Defense], x: Tensor, y: Tensor, *, repeats: int,
+                     seed: int, batch_size: int) -> Evaluation:
+    """``x`` evaluated on a new instance per batch (``fresh()``; ``template`` answers the evaluation's own checks), in
+    batches formed by a permutation seeded by ``seed``: the verifier's batch order, wherever it runs."""
+    with seeded(seed, x.device):
+        order = torch.randperm(x.shape[0], device=x.device)
+    return evaluate(template, x, y, repeats, seed, batch_size, fresh=fresh, order=order)
+
+
+@dataclass(frozen=True)
+class DefenseRecipe:
+    """How to build the run's defense in another process: the factory ``spec`` (a file spec with its absolute path)
+    and its ``options``, the ``device`` and ``module_mode`` it runs in, torch's thread count (so float reductions
+    match this process's), and the modules to import first (the one that registers a name outside entry points)."""
+    spec: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    module_mode: str = "eval"
+    threads: int = 1
+    imports: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, spec: str, options: Mapping[str, Any], device: torch.device, module_mode: str) -> DefenseRecipe | None:
+        """The recipe of a defense built by ``create_defense(spec, **options)``, or None when another process could
+        not build it the same way (a name registered by the main script or by a file loaded at run time)."""
+        target, sep, attr = spec.rpartition(":")
+        imports: tuple[str, ...] = ()
+        if sep and (target.endswith(".py") or "/" in target or "\\" in target):
+            spec = f"{Path(target).expanduser().resolve()}:{attr}"  # the child may not share this process's cwd
+        elif not sep:
+            module = getattr(DEFENSES.get(spec), "__module__", None)
+            if not module or module == "__main__" or module.startswith(_FILE_PLUGIN):
+                return None
+            imports = (module,)
+        return cls(spec, dict(options), str(device), module_mode, torch.get_num_threads(), imports)
+
+    def build(self) -> Defense:
+        """The defense, built anew, on its device and in its module mode (called in the new process)."""
+        from harness.diagnostics.preflight import apply_module_mode
+
+        torch.set_num_threads(self.threads)
+        for module in self.imports:
+            importlib.import_module(module)
+        return apply_module_mode(create_defense(self.spec, **self.options).to(self.device), self.module_mode)
+
+
+# Tensors cross the process boundary as numpy arrays (pickled by value): torch's own pickling would share their
+# memory through file descriptors served by the sending process, which exits right after its call.
+
+def _evaluate(recipe: DefenseRecipe, x: np.ndarray, y: np.ndarray, repeats: int, seed: int,
+              batch_size: int) -> tuple[np.ndarray, ...]:
+    pristine = recipe.build()
+    device = torch.device(recipe.device)
+    ev = fresh_evaluation(pristine, lambda: copy.deepcopy(pristine), torch.from_numpy(x).to(device),
+                          torch.from_numpy(y).to(device), repeats=repeats, seed=seed, batch_size=batch_size)
+    return tuple(t.cpu().numpy() for t in (ev.preds, ev.correct, ev.finite, ev.margin))
+
+
+def _logits(recipe: DefenseRecipe, points: np.ndarray, seed: int) -> np.ndarray:
+    defense = recipe.build()
+    at = torch.from_numpy(points).to(recipe.device)
+    with torch.no_grad(), seeded(seed, at.device):
+        out: np.ndarray = defense.logits(at, "full").float().cpu().numpy()
+    return out
+
+
+class IsolatedProcess:
+    """Calls on fresh instances of the defense of ``recipe``, each in a new process (module docstring)."""
+
+    def __init__(self, recipe: DefenseRecipe) -> None:
+        self.recipe = recipe
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._pool is None:
+            context = multiprocessing.get_context(START_METHOD)
+            context.set_forkserver_preload(PRELOAD)  # read once, when the (shared) server starts
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context, max_tasks_per_child=1)
+        try:
+            # the thread count of this process now, so that float reductions match the attacked instance's
+            recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())
+            return self._pool.submit(fn, recipe, *args).result()
+        except BrokenProcessPool as exc:
+            self.close()
+            raise SetupError(f"defense {self.recipe.spec!r}: the process that rebuilds it for the verdict died "
+                             f"({one_line(exc)}); it must build and run in a new process, as in this one") from exc
+        except Exception as exc:
+            raise SetupError(f"defense {self.recipe.spec!r} could not be rebuilt and evaluated in a new process for "
+                             f"the verdict: {type(exc).__name__}: {one_line(exc)}") from exc
+
+    def evaluate(self, x: Tensor, y: Tensor, *, repeats: int, seed: int, batch_size: int) -> Evaluation:
+        """:func:`fresh_evaluation` of ``x`` by the defense built in a new process; on ``x``'s device."""
+        parts = self._call(_evaluate, x.detach().cpu().numpy(), y.cpu().numpy(), repeats, seed, batch_size)
+        return Evaluation(*(torch.from_numpy(p).to(x.device) for p in parts))
+
+    def __enter__(self) -> IsolatedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def logits(self, points: Tensor, seed: int) -> Tensor:
+        """The logits at ``points`` of an instance built in a new process, drawn under ``seed``; on ``points``' device."""
+        return torch.from_numpy(self._call(_logits, points.detach().cpu().numpy(), seed)).to(points.device)
+
+    def close(self) -> None:
+        """Stop the pool (its processes have exited after their call already)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
