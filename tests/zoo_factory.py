@@ -1,6 +1,6 @@
 """A defense factory file (``--defense tests/zoo_factory.py:make``) for the hostile zoo: at-small wrapped by one of
-:func:`hostile_zoo.make_function_zoo`'s kinds, or TinyCNN behind Gaussian noise (``tiny-noise``, an honest random
-defense). Built from a spec, a defense can be built again in another process: the verdict then comes from there
+:func:`hostile_zoo.make_function_zoo`'s kinds, one of :func:`hostile_zoo.make_hostile`'s, TinyCNN answering NaN off
+the pixel grid (``nan-wrapper``) or behind Gaussian noise (``tiny-noise``, an honest random defense). Built from a spec, a defense can be built again in another process: the verdict then comes from there
 (``harness.diagnostics.isolated``)."""
 from __future__ import annotations
 
@@ -19,6 +19,15 @@ EPS = 8 / 255
 
 def make(kind: str = "memory", radius: float = EPS) -> Defense:
     """The defense of kind ``kind`` (see the module docstring)."""
+    if kind == "nan-wrapper":  # NaN off the pixel grid
+        from conftest import TinyCNN
+        from hostile_zoo import OffGrid
+
+        return Defense(OffGrid(TinyCNN().eval(), "nan"), None, num_classes=10, name="zoo")
+    from hostile_zoo import HOSTILE, make_hostile
+
+    if kind in HOSTILE:
+        return make_hostile(kind)
     if kind == "tiny-noise":
         from conftest import TinyCNN
         from harness.defenses.gaussian_noise import GaussianNoise

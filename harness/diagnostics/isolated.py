@@ -37,7 +37,7 @@ from torch import Tensor
 from harness.api._seeding import seeded
 from harness.api.defense import DEFENSES, Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
-from harness.errors import SetupError, one_line
+from harness.errors import HarnessError, SetupError, one_line
 
 # what the fork server imports before forking: torch and the engine, never a defense's module
 PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated"]
@@ -137,6 +137,8 @@ class IsolatedProcess:
             self.close()
             raise SetupError(f"defense {self.recipe.spec!r}: the process that rebuilds it for the verdict died "
                              f"({one_line(exc)}); it must build and run in a new process, as in this one") from exc
+        except HarnessError:
+            raise  # the defense's own error, as this process would have raised it (it names the defense)
         except Exception as exc:
             raise SetupError(f"defense {self.recipe.spec!r} could not be rebuilt and evaluated in a new process for "
                              f"the verdict: {type(exc).__name__}: {one_line(exc)}") from exc
