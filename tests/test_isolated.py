@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+import harness
 import harness.run.runner as runner
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.config import RunConfig
@@ -95,6 +96,8 @@ def test_an_honest_defense_gets_the_same_records_from_either_verdict(tiny_data_r
     copies = runner.run(_cfg(tiny_data_root, tmp_path / "b", **cfg), defense=make("tiny-noise"))
     assert load_provenance(isolated)["verdict"] == VerdictKind.ISOLATED.value
     assert load_provenance(copies)["verdict"] == VerdictKind.COPIES.value
+    assert harness.load(copies).verdict == "in-process copies"
+    assert "copies of the defense in the attacked process" in harness.load(copies).table("markdown")
     pd.testing.assert_frame_equal(load_records(isolated).drop(columns=list(TIMING_COLUMNS)),
                                   load_records(copies).drop(columns=list(TIMING_COLUMNS)))
 

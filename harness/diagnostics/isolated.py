@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import importlib
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -100,21 +101,36 @@ class DefenseRecipe:
 # Tensors cross the process boundary as numpy arrays (pickled by value): torch's own pickling would share their
 # memory through file descriptors served by the sending process, which exits right after its call.
 
-def _evaluate(recipe: DefenseRecipe, x: np.ndarray, y: np.ndarray, repeats: int, seed: int,
+def _evaluate(defense: Defense, device: torch.device, x: np.ndarray, y: np.ndarray, repeats: int, seed: int,
               batch_size: int) -> tuple[np.ndarray, ...]:
-    pristine = recipe.build()
-    device = torch.device(recipe.device)
-    ev = fresh_evaluation(pristine, lambda: copy.deepcopy(pristine), torch.from_numpy(x).to(device),
+    ev = fresh_evaluation(defense, lambda: copy.deepcopy(defense), torch.from_numpy(x).to(device),
                           torch.from_numpy(y).to(device), repeats=repeats, seed=seed, batch_size=batch_size)
     return tuple(t.cpu().numpy() for t in (ev.preds, ev.correct, ev.finite, ev.margin))
 
 
-def _logits(recipe: DefenseRecipe, points: np.ndarray, seed: int) -> np.ndarray:
-    defense = recipe.build()
-    at = torch.from_numpy(points).to(recipe.device)
+def _logits(defense: Defense, device: torch.device, points: np.ndarray, seed: int) -> np.ndarray:
+    at = torch.from_numpy(points).to(device)
     with torch.no_grad(), seeded(seed, at.device):
         out: np.ndarray = defense.logits(at, "full").float().cpu().numpy()
     return out
+
+
+def _in_child(work: Callable[..., Any], recipe: DefenseRecipe, *args: Any) -> tuple[Any, float]:
+    """What a new process runs: build the defense, then ``work(defense, device, *args)``; returns its answer and
+    the seconds the work took (the rest of the call is the process's start: fork, imports, construction)."""
+    defense = recipe.build()
+    started = time.perf_counter()
+    answer = work(defense, torch.device(recipe.device), *args)
+    return answer, time.perf_counter() - started
+
+
+@dataclass
+class Spent:
+    """Wall seconds of an :class:`IsolatedProcess`'s calls: ``total`` as this process waited for them, ``working`` of
+    it spent evaluating in the new processes; the difference is the processes' start (``benchmarks/``)."""
+    calls: int = 0
+    total: float = 0.0
+    working: float = 0.0
 
 
 class IsolatedProcess:
@@ -122,6 +138,7 @@ class IsolatedProcess:
 
     def __init__(self, recipe: DefenseRecipe) -> None:
         self.recipe = recipe
+        self.spent = Spent()
         self._pool: ProcessPoolExecutor | None = None
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -132,16 +149,22 @@ class IsolatedProcess:
         try:
             # the thread count of this process now, so that float reductions match the attacked instance's
             recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())
-            return self._pool.submit(fn, recipe, *args).result()
+            started = time.perf_counter()
+            answer, working = self._pool.submit(_in_child, fn, recipe, *args).result()
         except BrokenProcessPool as exc:
             self.close()
-            raise SetupError(f"defense {self.recipe.spec!r}: the process that rebuilds it for the verdict died "
-                             f"({one_line(exc)}); it must build and run in a new process, as in this one") from exc
+            raise SetupError(f"defense {self.recipe.spec!r}: the new process that rebuilds it for the verdict died "
+                             f"({one_line(exc)}); a script that starts an evaluation must guard its top level with "
+                             "`if __name__ == \"__main__\":` (each new process imports the main module)") from exc
         except HarnessError:
             raise  # the defense's own error, as this process would have raised it (it names the defense)
         except Exception as exc:
             raise SetupError(f"defense {self.recipe.spec!r} could not be rebuilt and evaluated in a new process for "
                              f"the verdict: {type(exc).__name__}: {one_line(exc)}") from exc
+        self.spent.calls += 1
+        self.spent.total += time.perf_counter() - started
+        self.spent.working += working
+        return answer
 
     def evaluate(self, x: Tensor, y: Tensor, *, repeats: int, seed: int, batch_size: int) -> Evaluation:
         """:func:`fresh_evaluation` of ``x`` by the defense built in a new process; on ``x``'s device."""
