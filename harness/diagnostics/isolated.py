@@ -28,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from enum import Enum
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -42,7 +43,7 @@ from harness.errors import HarnessError, SetupError, one_line
 
 # what the fork server imports before forking: torch and the engine, never a defense's module
 PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated"]
-START_METHOD = "forkserver"  # see the module docstring
+START_METHOD = "forkserver"  # see the module docstring: not "spawn" (every call would import torch again)
 _FILE_PLUGIN = "_harness_plugin_"  # module names the registry gives files it loaded (harness.api.registry)
 
 
@@ -133,6 +134,15 @@ class Spent:
     working: float = 0.0
 
 
+def start_server() -> multiprocessing.context.BaseContext:
+    """The context whose processes :class:`IsolatedProcess` forks, its server started now if it is not running: its
+    imports (seconds) then overlap with what this process does next, as loading the data and the defense."""
+    context = multiprocessing.get_context(START_METHOD)
+    context.set_forkserver_preload(PRELOAD)  # read once, when the server (one per process) starts
+    forkserver.ensure_running()
+    return context
+
+
 class IsolatedProcess:
     """Calls on fresh instances of the defense of ``recipe``, each in a new process (module docstring)."""
 
@@ -143,9 +153,7 @@ class IsolatedProcess:
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._pool is None:
-            context = multiprocessing.get_context(START_METHOD)
-            context.set_forkserver_preload(PRELOAD)  # read once, when the (shared) server starts
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context, max_tasks_per_child=1)
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=start_server(), max_tasks_per_child=1)
         try:
             # the thread count of this process now, so that float reductions match the attacked instance's
             recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())

@@ -22,6 +22,7 @@ from harness.battery.catalog import default_preset
 from harness.battery.presets import battery_decide_by, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.battery.spec import AttackSpec
+from harness.diagnostics.isolated import start_server
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.errors import UsageError
 from harness.progress import get_logger
@@ -109,6 +110,8 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
     """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.run.estimate`); runs
     nothing else and writes nothing."""
     rebuildable = defense is None  # built from its spec: another process can build it too
+    if rebuildable:
+        start_server()
     cfg, defense, data, indices = prepare(cfg, defense)
     if cfg.threat == corruption_stages.THREAT:
         raise UsageError("--estimate times attack stages; a --threat corruptions run has none (it costs one evaluation "
@@ -147,6 +150,8 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                          f"with {'--shard-slice' if shard_slice is not None else '--until'} (use --executor local)")
     executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
     rebuildable = defense is None  # built from its spec: the verdict comes from new processes
+    if rebuildable:
+        start_server()  # its imports overlap with building the defense and loading the data
     cfg, defense, data, indices = prepare(cfg, defense)
     plan = Plan.split(indices, cfg.shard_size)
     selected = np.asarray(indices, dtype=np.int64)
