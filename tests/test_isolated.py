@@ -4,6 +4,10 @@ anew in a new process. A run whose defense was built from a spec takes its verdi
 compares with it; a defense handed over as an object keeps the in-process copies, and provenance says which."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pandas as pd
 import pytest
 import torch
@@ -117,6 +121,21 @@ def test_a_defense_registered_by_the_main_script_keeps_the_in_process_copies():
 def test_a_defense_that_cannot_be_built_in_a_new_process_is_one_line_naming_it(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("def make():\n    raise RuntimeError('no weights here')\n")
-    with IsolatedProcess(DefenseRecipe(f"{broken}:make")) as process, \
-            pytest.raises(SetupError, match=r"defense '.*broken.py:make' could not be rebuilt .*no weights here"):
-        process.logits(torch.zeros(1, 3, 8, 8), seed=0)
+    with pytest.raises(SetupError, match=r"defense '.*broken.py:make' could not be rebuilt .*no weights here"):
+        IsolatedProcess(DefenseRecipe(f"{broken}:make")).logits(torch.zeros(1, 3, 8, 8), seed=0)
+
+
+def test_a_script_that_evaluates_at_its_top_level_needs_no_main_guard(tiny_data_root, tmp_path):
+    """The docs' examples as a user pastes them into a file: the new processes do not import the main script again
+    (which would start the evaluation again there)."""
+    script = tmp_path / "demo.py"
+    script.write_text(textwrap.dedent(f"""
+        import harness
+        result = harness.evaluate({SPEC!r}, "pgd", defense_opts={{"kind": "tiny-noise"}}, n=4, eval_repeats=2,
+                                  data_root={str(tiny_data_root)!r}, out={str(tmp_path / "runs")!r}, device="cpu",
+                                  quiet=True, attack_opts={{"steps": 1}}, escalate=False)
+        print("verdict:", result.verdict)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "verdict: isolated process" in done.stdout

@@ -7,30 +7,32 @@ call (:class:`IsolatedProcess`): nothing any query of the run did can be seen th
 
 The processes are forked from a *fork server*: a process of its own, started clean (it imports torch and the
 engine, never the defense's module, and runs no query), so each child starts from a state no query ever touched,
-imports the defense's module anew, builds the defense, answers one call and exits (``max_tasks_per_child=1``): a
-cache filled by one evaluation cannot answer the next. A ``spawn`` context would do the same, but every call would
+imports the defense's module anew, builds the defense, answers one call and exits: a cache filled by one
+evaluation cannot answer the next. A ``spawn`` context would do the same, but every call would
 then import torch and the engine again (seconds per call); forking from the server costs only the defense's own
 import and construction. The server starts no thread pool and touches no accelerator (importing torch does
 neither), so forking from it is safe. What a new process cannot undo is what a defense keeps outside the process:
 files it writes, a server it talks to.
 
-A script that runs an evaluation must guard its top level with ``if __name__ == "__main__":``, as with any
-process pool started this way: each child imports the main module (not the defense's state) again.
+Unlike other process pools started this way, the children do not import the main module again (they need nothing
+of it), so a script that starts an evaluation at its top level needs no ``if __name__ == "__main__":`` guard.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib
 import multiprocessing
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import types
 from dataclasses import dataclass, field
 from enum import Enum
 from multiprocessing import forkserver
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -116,13 +118,35 @@ def _logits(defense: Defense, device: torch.device, points: np.ndarray, seed: in
     return out
 
 
-def _in_child(work: Callable[..., Any], recipe: DefenseRecipe, *args: Any) -> tuple[Any, float]:
-    """What a new process runs: build the defense, then ``work(defense, device, *args)``; returns its answer and
-    the seconds the work took (the rest of the call is the process's start: fork, imports, construction)."""
-    defense = recipe.build()
-    started = time.perf_counter()
-    answer = work(defense, torch.device(recipe.device), *args)
-    return answer, time.perf_counter() - started
+def _in_child(conn: Connection, work: Callable[..., Any], recipe: DefenseRecipe, *args: Any) -> None:
+    """What a new process runs: build the defense, then ``work(defense, device, *args)``; sends back ``(True, (answer,
+    seconds the work took))`` (the rest of the call is the process's start: fork, imports, construction) or ``(False,
+    the exception)``."""
+    try:
+        defense = recipe.build()
+        started = time.perf_counter()
+        answer = work(defense, torch.device(recipe.device), *args)
+        conn.send((True, (answer, time.perf_counter() - started)))
+    except Exception as exc:  # noqa: BLE001 - every error goes back to the caller, which names the defense
+        try:
+            conn.send((False, exc))
+        except Exception:  # noqa: BLE001 - an exception that cannot be pickled goes back as its text
+            conn.send((False, RuntimeError(f"{type(exc).__name__}: {one_line(exc)}")))
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _main_left_out() -> Iterator[None]:
+    """While a new process is started: the main module hidden from ``multiprocessing``, which would otherwise have the
+    child import it again (and a script whose top level starts an evaluation would start it again there, which
+    ``multiprocessing`` refuses); the child needs nothing of it."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 @dataclass
@@ -149,26 +173,32 @@ class IsolatedProcess:
     def __init__(self, recipe: DefenseRecipe) -> None:
         self.recipe = recipe
         self.spent = Spent()
-        self._pool: ProcessPoolExecutor | None = None
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=start_server(), max_tasks_per_child=1)
+        context = start_server()
+        # the thread count of this process now, so that float reductions match the attacked instance's
+        recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())
+        started = time.perf_counter()
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_in_child, args=(send, fn, recipe, *args), name="harness-verdict")
+        with _main_left_out():
+            process.start()
+        send.close()
         try:
-            # the thread count of this process now, so that float reductions match the attacked instance's
-            recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())
-            started = time.perf_counter()
-            answer, working = self._pool.submit(_in_child, fn, recipe, *args).result()
-        except BrokenProcessPool as exc:
-            self.close()
+            ok, payload = receive.recv()
+        except EOFError:
+            process.join()
             raise SetupError(f"defense {self.recipe.spec!r}: the new process that rebuilds it for the verdict died "
-                             f"({one_line(exc)}); a script that starts an evaluation must guard its top level with "
-                             "`if __name__ == \"__main__\":` (each new process imports the main module)") from exc
-        except HarnessError:
-            raise  # the defense's own error, as this process would have raised it (it names the defense)
-        except Exception as exc:
+                             f"(exit code {process.exitcode}) before answering") from None
+        finally:
+            receive.close()
+        process.join()
+        if not ok:
+            if isinstance(payload, HarnessError):
+                raise payload  # the defense's own error, as this process would have raised it (it names the defense)
             raise SetupError(f"defense {self.recipe.spec!r} could not be rebuilt and evaluated in a new process for "
-                             f"the verdict: {type(exc).__name__}: {one_line(exc)}") from exc
+                             f"the verdict: {type(payload).__name__}: {one_line(payload)}")
+        answer, working = payload
         self.spent.calls += 1
         self.spent.total += time.perf_counter() - started
         self.spent.working += working
@@ -179,18 +209,6 @@ class IsolatedProcess:
         parts = self._call(_evaluate, x.detach().cpu().numpy(), y.cpu().numpy(), repeats, seed, batch_size)
         return Evaluation(*(torch.from_numpy(p).to(x.device) for p in parts))
 
-    def __enter__(self) -> IsolatedProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def logits(self, points: Tensor, seed: int) -> Tensor:
         """The logits at ``points`` of an instance built in a new process, drawn under ``seed``; on ``points``' device."""
         return torch.from_numpy(self._call(_logits, points.detach().cpu().numpy(), seed)).to(points.device)
-
-    def close(self) -> None:
-        """Stop the pool (its processes have exited after their call already)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None

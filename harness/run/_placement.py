@@ -49,8 +49,7 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
     recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, device, "eval") if rebuildable else None
 
     def remote(points: torch.Tensor, seed: int, mode: str) -> torch.Tensor:
-        with IsolatedProcess(dataclasses.replace(recipe, module_mode=mode)) as process:  # type: ignore[arg-type]
-            return process.logits(points, seed)
+        return IsolatedProcess(dataclasses.replace(recipe, module_mode=mode)).logits(points, seed)  # type: ignore[arg-type]
 
     pf = preflight(defense.to(device), x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=cfg.batch_size,
                    module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat,

@@ -247,8 +247,6 @@ def _build(cfg: RunConfig, run_dir: str) -> tuple[Placed, Any]:
         # a GPU task sees only its own GPU(s), numbered from 0; a task without one must not take one behind Ray's back
         gpus = ray.get_gpu_ids()
         device = resolve_device(("cuda" if cfg.device.startswith("cuda") else cfg.device) if gpus else "cpu")
-        for built, _ in _BUILT.values():
-            built.verifier.close()
         _BUILT.clear()
         placed = place_checked(cfg, defense, device, Preflight.from_dict(prov.get("preflight") or {}))
         _BUILT[key] = (placed, data)

@@ -118,11 +118,8 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
                          "of each image per stage and eval repeat, plus generating the corrupted images once)")
     placed = place_and_check(cfg, defense, data, indices, rebuildable=rebuildable)
     pf = placed.preflight
-    try:
-        return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
-                        findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
-    finally:
-        placed.verifier.close()
+    return estimate(cfg, placed.defense, data, indices, placed.device, samples=samples, probe=pf.probe,
+                    findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
@@ -212,7 +209,6 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     finally:
         ctx.close()
         executor.close()
-        placed.verifier.close()
     with store.run_lock():
         missing = completeness(store.dir).missing_shards
         if missing:  # e.g. a shard file deleted while the run was going on

@@ -66,11 +66,6 @@ class Verifier:
         """Where this verifier's verdict comes from."""
         return VerdictKind.COPIES if self.isolated is None else VerdictKind.ISOLATED
 
-    def close(self) -> None:
-        """Release the isolated process's pool, if any."""
-        if self.isolated is not None:
-            self.isolated.close()
-
     @staticmethod
     def copyable(defense: Defense) -> Defense | None:
         """A deep copy of ``defense`` (to keep as the pristine instance), or None if it cannot be copied."""
