@@ -113,6 +113,7 @@ def test_a_defense_registered_by_the_main_script_keeps_the_in_process_copies():
     factory.__module__ = "__main__"
     DEFENSES.add("test-registered-by-main", factory)
     assert DefenseRecipe.of("test-registered-by-main", {}, torch.device("cpu"), "eval") is None
+    assert DefenseRecipe.of("__main__:make", {}, torch.device("cpu"), "eval") is None
     assert DefenseRecipe.of("at-small", {}, torch.device("cpu"), "eval") is not None
     recipe = DefenseRecipe.of("zoo_factory.py:make", {}, torch.device("cpu"), "eval")
     assert recipe is not None and recipe.spec.startswith("/")  # a file spec by its absolute path

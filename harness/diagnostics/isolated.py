@@ -84,6 +84,8 @@ class DefenseRecipe:
         imports: tuple[str, ...] = ()
         if sep and (target.endswith(".py") or "/" in target or "\\" in target):
             spec = f"{Path(target).expanduser().resolve()}:{attr}"  # the child may not share this process's cwd
+        elif target == "__main__":
+            return None
         elif not sep:
             module = getattr(DEFENSES.get(spec), "__module__", None)
             if not module or module == "__main__" or module.startswith(_FILE_PLUGIN):

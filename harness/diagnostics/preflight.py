@@ -54,6 +54,7 @@ from harness.diagnostics.gradcheck import (
 from harness.errors import UsageError
 
 Remote = Callable[[Tensor, int], Tensor]  # logits at points, drawn under a seed, by an instance in a new process
+RemoteInMode = Callable[[Tensor, int, str], Tensor]  # the same, given the module mode the instance is put in
 
 
 class StateKept(Enum):
@@ -173,8 +174,10 @@ def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm
     """Largest differences, at random points of the inputs' balls, between an instance that first saw the clean
     inputs and a few rounds of other points, and (1) fresh instances in this process, (2) a fresh instance in a new
     process (``remote``: logits at points under a seed), each answer drawn under the same seed (0: none; NaN: not
-    compared). A function of each input gives the same answer whatever came before, wherever it runs; state kept
+    compared; both NaN without ``fresh``, whose copies the check needs). A function of each input gives the same answer whatever came before, wherever it runs; state kept
     on the object shows in (1), state kept outside it (module level, class attributes) only in (2)."""
+    if fresh is None:  # the defense cannot be copied: no instance to show other inputs first
+        return math.nan, math.nan
     seen = copy.deepcopy(defense)
     with torch.no_grad():
         seen.logits(x, "full")
@@ -183,10 +186,8 @@ def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm
         points = _near(x, defense.bounds, eps, norm, seed + HISTORY_ROUNDS)
         with seeded(seed, x.device):
             after = seen.logits(points, "full").float()
-        in_object = math.nan
-        if fresh is not None:
-            with seeded(seed, x.device):
-                in_object = output_difference(after, fresh().logits(points, "full").float())
+        with seeded(seed, x.device):
+            in_object = output_difference(after, fresh().logits(points, "full").float())
     in_process = math.nan if remote is None else output_difference(after, remote(points, seed).float())
     return in_object, in_process
 
@@ -264,12 +265,12 @@ def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: f
 
 def preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
               module_mode: str | None = None, gradients: bool = True, fresh: Callable[[], Defense] | None = None,
-              threat: str = "lp", remote: Callable[[Tensor, int, str], Tensor] | None = None) -> Preflight:
+              threat: str = "lp", remote: RemoteInMode | None = None) -> Preflight:
     """Every check of the module docstring on the first inputs ``x`` (labels ``y``) of a run; puts the defense in
     its module mode. ``fresh`` gives instances as they were before any query, ``remote`` the logits ``(points, seed,
-    module mode)`` of one built in a new process (:mod:`harness.diagnostics.isolated`): the state check compares with
-    each given (without either, state is left to the verdict). Raises :class:`UsageError` for a defense that cannot be evaluated as
-    declared. ``threat``: the run's kind of threat model (the gradient-free attacks a finding adds are made for it)."""
+    module mode)`` of one built in a new process (:mod:`harness.diagnostics.isolated`): the state check compares
+    with each given (without ``fresh``, state is left to the verdict). Raises :class:`UsageError` for a defense
+    that cannot be evaluated as declared. ``threat``: the run's kind of threat model (the gradient-free attacks a finding adds are made for it)."""
     with seeded(seed, x.device):  # the checks' own passes seed themselves; this keeps the rest from leaking
         return _preflight(defense, x, y, seed=seed, eps=eps, norm=norm, batch_size=batch_size,
                           module_mode=module_mode, gradients=gradients, fresh=fresh, threat=threat, remote=remote)
@@ -277,7 +278,7 @@ def preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, 
 
 def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
                module_mode: str | None, gradients: bool, fresh: Callable[[], Defense] | None,
-               threat: str = "lp", remote: Callable[[Tensor, int, str], Tensor] | None = None) -> Preflight:
+               threat: str = "lp", remote: RemoteInMode | None = None) -> Preflight:
     check_data_in_bounds(x, defense.bounds, who=f"defense {defense_name(defense)}")
     x, y = x[:FIRST_BATCH], y[:FIRST_BATCH]
     if x.shape[0] == 0:
