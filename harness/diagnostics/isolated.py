@@ -24,7 +24,9 @@ import copy
 import dataclasses
 import importlib
 import multiprocessing
+import os
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -158,6 +160,24 @@ class Spent:
     calls: int = 0
     total: float = 0.0
     working: float = 0.0
+
+
+def _forget_server() -> None:
+    """In a process forked from one that started the fork server (a pool of forked workers, a test): the server is
+    not this process's child, so ``multiprocessing`` would fail asking the OS whether it runs (ChildProcessError). It
+    forgets the server instead (closing its copy of the descriptor that keeps it alive) and starts its own when it
+    needs one. ``multiprocessing`` keeps this state in private attributes: read with defaults."""
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or getattr(server, "_forkserver_pid", None) is None:
+        return
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+    server._lock = threading.Lock()  # a lock held by another thread at the fork stays held in the child
+
+
+os.register_at_fork(after_in_child=_forget_server)
 
 
 def start_server() -> multiprocessing.context.BaseContext:
