@@ -240,7 +240,21 @@ def columns_note(table: Table) -> str:
                      f"{seq['population']:,} samples: its intervals are anytime-valid confidence sequences, CS[low, "
                      "high], which hold at a data-dependent stop; a fixed-n interval would not. "
                      + _scope_sentence(seq))
-    return text
+    return text + verdict_note(table)
+
+
+def verdict_note(table: Table) -> str:
+    """Where each row's verdict came from (provenance ``verdict``: ``isolated process`` or ``in-process copies``;
+    runs written before it say nothing)."""
+    kinds: dict[str, list[str]] = {}
+    for row in table.rows:
+        kind = row.run.provenance.get("verdict")
+        if kind:
+            kinds.setdefault(str(kind), []).append(row.label)
+    said = {"isolated process": "instances of the defense built anew in new processes",
+            "in-process copies": "copies of the defense in the attacked process (given as an object; state kept "
+                                 "outside the object, at module level or in class attributes, is shared by them)"}
+    return "".join(f" Verdict of {', '.join(labels)}: from {said.get(kind, kind)}." for kind, labels in kinds.items())
 
 
 def _scope_sentence(seq: dict) -> str:

@@ -14,6 +14,7 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.run.stage import run_stage
 from hostile_zoo import EPS, NONFINITE, ZOO_OPTIONS, builtin_attacks, grid_batch, make_hostile, off_grid
+from zoo_factory import SPEC
 
 
 def test_zoo_covers_every_builtin_attack():
@@ -91,14 +92,12 @@ def _cfg(root, out, **kw) -> RunConfig:
 
 
 def test_quick_run_on_a_nan_wrapper_reports_zero_robust_and_flags_it(tiny_data_root, tmp_path):
-    """NaN off the pixel grid under `quick` at 8/255 (8/255 is on the grid)."""
-    from conftest import TinyCNN
-    from harness.api.defense import Defense
-    from harness.store.rundir import load_records
-    from hostile_zoo import OffGrid
+    """NaN off the pixel grid under `quick` at 8/255 (8/255 is on the grid); built from its file spec, so the
+    verdict comes from another process."""
+    from harness.store.rundir import load_provenance, load_records
 
-    defense = Defense(OffGrid(TinyCNN().eval(), "nan"), None, num_classes=10, name="zoo")
-    run_dir = runner.run(_cfg(tiny_data_root, tmp_path), defense=defense)
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, defense=SPEC, defense_opts={"kind": "nan-wrapper"}))
+    assert load_provenance(run_dir)["verdict"] == "isolated process"
     df = load_records(run_dir)
     last = df[df.stage == df.stage.max()]
     robust = (df[df.stage > 0].groupby("index").apply(lambda g: bool((g.correct_majority | ~g.attempted).all())))
@@ -121,7 +120,7 @@ def test_misdeclared_defense_stops_the_run_before_any_shard(kind, match, tiny_da
     from harness.errors import UsageError  # the defense author's mistake: one line, no "internal error" hint
 
     with pytest.raises(UsageError, match=match):
-        runner.run(_cfg(tiny_data_root, tmp_path, defense=kind), defense=make_hostile(kind))
+        runner.run(_cfg(tiny_data_root, tmp_path, defense=SPEC, defense_opts={"kind": kind}))
     assert not list(tmp_path.rglob("shard-*.parquet"))
 
 

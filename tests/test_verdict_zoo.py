@@ -1,6 +1,7 @@
 """Defenses that are not a function of each input (tests/hostile_zoo.py, FUNCTION_ZOO) cannot fool the verdict.
 
-Each wraps at-small on real CIFAR-10 images (32, ε = 8/255, as a new user would try it) and runs through
+Each wraps at-small on real CIFAR-10 images (32, ε = 8/255, as a new user would try it), built from a factory file
+(``tests/zoo_factory.py``, so the verdict comes from instances built in new processes), and runs through
 ``harness run`` with the ``quick`` and the ``standard`` battery (budgets cut to keep the suite short). The ground
 truth is computed here, by a plain PGD on the true input -> output function (:func:`hostile_zoo.true_robust`),
 and the harness's worst case may not exceed it (it may be lower: every break the harness counts is re-derived on
@@ -20,6 +21,7 @@ from harness.reports.outcomes import outcome_table
 from harness.sources.datasets import load_test_set
 from harness.store.rundir import RunStore, load_diagnostics, load_provenance, load_records
 from hostile_zoo import FUNCTION_ZOO, BatchStats, Detached, Dropped, make_function_zoo, true_robust
+from zoo_factory import SPEC
 
 EPS = 8 / 255
 N = 32
@@ -60,9 +62,10 @@ def _clean(root, run_dir):
 @pytest.mark.parametrize("battery", sorted(BATTERIES))
 @pytest.mark.parametrize("kind", FUNCTION_ZOO)
 def test_no_defense_in_the_function_zoo_beats_the_ground_truth(kind, battery, at_small, cifar_root, tmp_path):
-    defense, true_fn = make_function_zoo(kind, at_small, radius=EPS)
+    _, true_fn = make_function_zoo(kind, at_small, radius=EPS)
     run_dir = runner.run(_cfg(cifar_root, tmp_path, run_id=kind, attacks=battery, attack_opts=BATTERIES[battery],
-                              save_adversarials=True), defense=defense)
+                              save_adversarials=True, defense=SPEC, defense_opts={"kind": kind}))
+    assert load_provenance(run_dir)["verdict"] == "isolated process"  # built from its spec: rebuilt elsewhere
     x, y = _clean(cifar_root, run_dir)
     truth = true_robust(true_fn, x, y, EPS, bpda=Detached() if kind == "jpeg-like" else None)
     table = outcome_table(load_records(run_dir))

@@ -101,7 +101,8 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
     FlagCode.TIED_LOGITS: Explanation(
         "some inputs got a tie for the top logit; they count as wrong.", "return logits with a single top class."),
     FlagCode.KEEPS_STATE: Explanation(
-        "the defense's answers depend on the inputs it saw before; every pass ran on a fresh instance.",
+        "the defense's answers depend on the inputs it saw before (kept on its object: every pass ran on a fresh "
+        "instance; outside it: the verdict came from instances built in new processes).",
         "make the defense a function of each input."),
     FlagCode.WRITES_INPUT: Explanation(
         "the defense edits its input tensor in place (harmless here: it gets copies).",

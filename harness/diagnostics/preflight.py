@@ -11,6 +11,7 @@ Defenses break that, often by accident, and each break changes the numbers witho
 | modules handed over in training mode whose outputs differ in eval mode | refused unless ``--module-mode`` |
 | a purifier or classifier that writes into its input tensor | ``writes-input`` (harmless: it gets copies) |
 | answers at a point change after the instance saw other inputs | ``keeps-state``; every pass on a fresh instance |
+| ... compared with an instance built in a new process (state outside the object) | ``keeps-state`` (process) |
 | declared deterministic, but two identical passes differ | refused (declare ``stochastic=True``) |
 | declared deterministic, but a sample's output depends on the rest of its batch | refused unless batch size 1 |
 | outputs differ with autograd on and off | ``grad-changes-output``; gradient-free attacks added |
@@ -28,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable, Mapping
 
 import torch
@@ -51,6 +53,16 @@ from harness.diagnostics.gradcheck import (
 )
 from harness.errors import UsageError
 
+Remote = Callable[[Tensor, int], Tensor]  # logits at points, drawn under a seed, by an instance in a new process
+RemoteInMode = Callable[[Tensor, int, str], Tensor]  # the same, given the module mode the instance is put in
+
+
+class StateKept(Enum):
+    """Where the state check found a defense's state (the finding's ``where``)."""
+    OBJECT = "on the defense object"
+    PROCESS = "outside the defense object, in its process (module level, class attributes)"
+
+
 FIRST_BATCH = 16  # samples of the first batch the checks use
 MODULE_MODES = ("eval", "train")
 HISTORY_ROUNDS = 3  # rounds of other points an instance sees before the state check compares it with a fresh one
@@ -64,7 +76,7 @@ class Preflight:
     probe: GradientProbe
     module_mode: str = "eval"
     findings: list[dict[str, Any]] = field(default_factory=list)
-    stateful: bool = False  # answers depend on earlier queries: every pass then runs on a fresh instance
+    stateful: bool = False  # answers depend on earlier queries, kept on the object: every pass on a fresh instance
 
     def to_dict(self) -> dict[str, Any]:
         return {"gradients": self.probe.to_dict(), "module_mode": self.module_mode, "findings": self.findings,
@@ -158,10 +170,14 @@ def _batch_dependence(defense: Defense, x: Tensor, seed: int) -> float:
 
 
 def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm: str,
-                        fresh: Callable[[], Defense]) -> float:
-    """Largest difference, at random points of the inputs' balls, between an instance that first saw the clean
-    inputs and a few rounds of other points, and fresh instances that see only those points (0: none), each
-    answer drawn under the same seed: a function of each input gives the same answer whatever came before."""
+                        fresh: Callable[[], Defense] | None, remote: Remote | None) -> tuple[float, float]:
+    """Largest differences, at random points of the inputs' balls, between an instance that first saw the clean
+    inputs and a few rounds of other points, and (1) fresh instances in this process, (2) a fresh instance in a new
+    process (``remote``: logits at points under a seed), each answer drawn under the same seed (0: none; NaN: not
+    compared; both NaN without ``fresh``, whose copies the check needs). A function of each input gives the same answer whatever came before, wherever it runs; state kept
+    on the object shows in (1), state kept outside it (module level, class attributes) only in (2)."""
+    if fresh is None:  # the defense cannot be copied: no instance to show other inputs first
+        return math.nan, math.nan
     seen = copy.deepcopy(defense)
     with torch.no_grad():
         seen.logits(x, "full")
@@ -171,8 +187,27 @@ def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm
         with seeded(seed, x.device):
             after = seen.logits(points, "full").float()
         with seeded(seed, x.device):
-            new = fresh().logits(points, "full").float()
-    return output_difference(after, new)
+            in_object = output_difference(after, fresh().logits(points, "full").float())
+    in_process = math.nan if remote is None else output_difference(after, remote(points, seed).float())
+    return in_object, in_process
+
+
+def _state_finding(in_object: float, in_process: float) -> dict[str, Any] | None:
+    """The ``keeps-state`` finding, naming where the state was found (:class:`StateKept`), or None."""
+    if in_object > 0:
+        where, diff = StateKept.OBJECT, in_object
+        consequence = "the harness runs every pass of this run on a fresh instance (slower) and takes the verdict " \
+                      "from fresh instances"
+    elif in_process > 0:
+        where, diff = StateKept.PROCESS, in_process
+        consequence = "copies share such state, so the attacks' numbers may be blinded by it; the verdict comes from " \
+                      "instances built in new processes, which no query of this run reached"
+    else:
+        return None
+    found = _finding(FlagCode.KEEPS_STATE, f"the defense answers a point differently after it has seen other inputs "
+                     f"(max logit difference {diff:.3g}): it keeps state {where.value}", "make the defense a function "
+                     f"of each input; {consequence}", diff)
+    return {**found, "where": where.name.lower()}
 
 
 def _near(x: Tensor, bounds: tuple[float, float], eps: float, norm: str, seed: int) -> Tensor:
@@ -230,20 +265,21 @@ def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: f
 
 
 def preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
-              module_mode: str | None = None, gradients: bool = True,
-              fresh: Callable[[], Defense] | None = None, threat: str = "lp") -> Preflight:
+              module_mode: str | None = None, gradients: bool = True, fresh: Callable[[], Defense] | None = None,
+              threat: str = "lp", remote: RemoteInMode | None = None) -> Preflight:
     """Every check of the module docstring on the first inputs ``x`` (labels ``y``) of a run; puts the defense in
-    its module mode. ``fresh`` gives instances as they were before any query (the state check needs them; without
-    it, state is left to the verdict). Raises :class:`UsageError` for a defense that cannot be evaluated as
-    declared. ``threat``: the run's kind of threat model (the gradient-free attacks a finding adds are made for it)."""
+    its module mode. ``fresh`` gives instances as they were before any query, ``remote`` the logits ``(points, seed,
+    module mode)`` of one built in a new process (:mod:`harness.diagnostics.isolated`): the state check compares
+    with each given (without ``fresh``, state is left to the verdict). Raises :class:`UsageError` for a defense
+    that cannot be evaluated as declared. ``threat``: the run's kind of threat model (the gradient-free attacks a finding adds are made for it)."""
     with seeded(seed, x.device):  # the checks' own passes seed themselves; this keeps the rest from leaking
         return _preflight(defense, x, y, seed=seed, eps=eps, norm=norm, batch_size=batch_size,
-                          module_mode=module_mode, gradients=gradients, fresh=fresh, threat=threat)
+                          module_mode=module_mode, gradients=gradients, fresh=fresh, threat=threat, remote=remote)
 
 
 def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
                module_mode: str | None, gradients: bool, fresh: Callable[[], Defense] | None,
-               threat: str = "lp") -> Preflight:
+               threat: str = "lp", remote: RemoteInMode | None = None) -> Preflight:
     check_data_in_bounds(x, defense.bounds, who=f"defense {defense_name(defense)}")
     x, y = x[:FIRST_BATCH], y[:FIRST_BATCH]
     if x.shape[0] == 0:
@@ -259,15 +295,13 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float,
         findings.append(_finding(FlagCode.WRITES_INPUT, f"the {' and the '.join(written)} write(s) into the input "
                                  "tensor in place", "harmless here (the harness hands the defense copies), but fix it "
                                  "(out-of-place operations): elsewhere it corrupts the caller's images", len(written)))
-    stateful = False
-    if fresh is not None:
-        diff = _history_dependence(defense, x, seed, eps, norm, lambda: apply_module_mode(fresh(), mode))
-        stateful = diff > 0
-        if stateful:
-            findings.append(_finding(FlagCode.KEEPS_STATE, "the defense answers a point differently after it has seen "
-                                     f"other inputs (max logit difference {diff:.3g}): it keeps state", "make the "
-                                     "defense a function of each input; the harness runs every pass of this run on a "
-                                     "fresh instance (slower) and takes the verdict from fresh instances", diff))
+    in_object, in_process = _history_dependence(
+        defense, x, seed, eps, norm, None if fresh is None else lambda: apply_module_mode(fresh(), mode),
+        None if remote is None else lambda points, s: remote(points, s, mode))  # type: ignore[misc]
+    stateful = in_object > 0  # state on the object: copies escape it
+    state = _state_finding(in_object, in_process)
+    if state is not None:
+        findings.append(state)
     with torch.no_grad(), seeded(seed, x.device):
         out = defense.logits(x, "full")
     check_logits(defense, x, out)  # Defense.purify checks the purifier's output

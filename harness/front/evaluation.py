@@ -70,7 +70,9 @@ def evaluate(defense: Defense | nn.Module | str, attacks: str | None = None, *, 
     """Run (or resume) the evaluation of ``defense`` with the battery ``attacks`` and return its results.
 
     ``defense``: a :class:`harness.Defense`, a bare ``torch.nn.Module`` classifier (wrapped as a defense without a
-    purifier), or a registered name / ``file.py:factory`` spec (its options in ``defense_opts={...}``).
+    purifier), or a registered name / ``file.py:factory`` spec (its options in ``defense_opts={...}``). A name or
+    spec is also rebuilt in new processes for the verdict (docs/diagnostics.md, the isolated verdict); an object
+    keeps in-process copies.
     ``attacks``: a preset (``quick``, ``standard``, ``rand``, ``adaptive``, ``full``), a battery TOML file or
     comma-separated attack names; None: ``rand`` for a stochastic defense, else ``standard``.
     ``options``: any :class:`~harness.api.config.RunConfig` field (``n``, ``eps``, ``norm``, ``seed``, ``out``,

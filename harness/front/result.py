@@ -85,6 +85,13 @@ class Result:
         return not self.run.partial
 
     @property
+    def verdict(self) -> str | None:
+        """Where the verdict came from: ``isolated process`` (instances built anew in new processes) or ``in-process
+        copies`` (a defense given as an object); None for runs written before it was recorded."""
+        kind = self.run.provenance.get("verdict")
+        return None if kind is None else str(kind)
+
+    @property
     def records(self) -> pd.DataFrame:
         """Per-sample, per-stage records (one row per sample and stage; columns in docs/results-format.md)."""
         return self.run.records

@@ -7,6 +7,7 @@ the runner (``harness.run.runner``) and every executor's worker (``harness.run.e
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.resolve import check_battery, describe
 from harness.battery.spec import AttackSpec
+from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
 from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
 from harness.run._acceleration import accelerate, resolve_device
 from harness.run._memory import Batching
@@ -35,29 +37,37 @@ class Placed:
 
 
 def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int],
-                    batching: Batching | None = None) -> Placed:
+                    batching: Batching | None = None, *, rebuildable: bool = False) -> Placed:
     """Keep a copy of ``defense`` as it is before its first query (the verifier's template), move it to the run's
     device, run the first-batch checks (``harness.diagnostics.preflight``, which also sets the module mode) and accelerate it;
     logs the findings and what each battery entry will run with. ``batching``: the run's batch size (default
-    ``--batch-size``), halved if the checks run out of memory (then on a fresh copy, :mod:`harness.run._memory`)."""
+    ``--batch-size``), halved if the checks run out of memory (then on a fresh copy, :mod:`harness.run._memory`).
+    ``rebuildable``: ``defense`` was built by ``create_defense(cfg.defense, **cfg.defense_opts)``, so another process
+    can build it too (the state check and the verdict then use one, :mod:`harness.diagnostics.isolated`)."""
     device = resolve_device(cfg.device)
     batching = batching or Batching(cfg.batch_size)
     pristine = Verifier.copyable(defense)
     fresh = None if pristine is None else (lambda: copy.deepcopy(pristine).to(device))
     checked: list[Defense] = []  # the instance the checks ran on
+    recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, device, "eval") if rebuildable else None
+
+    def remote(points: torch.Tensor, seed: int, mode: str) -> torch.Tensor:
+        return IsolatedProcess(dataclasses.replace(recipe, module_mode=mode)).logits(points, seed)  # type: ignore[arg-type]
 
     def checks() -> Preflight:
         instance = defense if not checked or fresh is None else fresh()  # a retry: the defense as handed over
         checked[:] = [instance.to(device)]
         x, y = data.get(indices[:batching.size], device)
         return preflight(checked[0], x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=batching.size,
-                         module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat)
+                         module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat,
+                         remote=None if recipe is None else remote)
 
     pf = batching.run(checks, "the first-batch checks")
     defense = checked[0]
     for finding in pf.findings:
         log.warning("preflight: %s: %s", finding["code"], finding["message"])
-    placed = _ready(cfg, defense, pristine, device, pf)
+    placed = _ready(cfg, defense, pristine, device, pf, recipe)
+    log.info("verdict from %s", placed.verifier.kind.value)
     for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps,
                                         norm=cfg.norm, run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast,
                                         probe=pf.probe, threat=cfg.threat):
@@ -66,12 +76,15 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
 
 
 def place_checked(cfg: RunConfig, defense: Defense, device: torch.device, pf: Preflight) -> Placed:
-    """A freshly built ``defense`` made ready as the run's first-batch checks ``pf`` decided (a worker of an
-    executor: the driver ran the checks)."""
+    """A ``defense`` freshly built from ``cfg.defense`` made ready as the run's first-batch checks ``pf`` decided (a
+    worker of an executor: the driver ran the checks); its verdict comes from new processes too."""
     pristine = Verifier.copyable(defense)
-    return _ready(cfg, apply_module_mode(defense.to(device), pf.module_mode), pristine, device, pf)
+    recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, device, pf.module_mode)
+    return _ready(cfg, apply_module_mode(defense.to(device), pf.module_mode), pristine, device, pf, recipe)
 
 
-def _ready(cfg: RunConfig, defense: Defense, pristine: Defense | None, device: torch.device, pf: Preflight) -> Placed:
+def _ready(cfg: RunConfig, defense: Defense, pristine: Defense | None, device: torch.device, pf: Preflight,
+           recipe: DefenseRecipe | None) -> Placed:
     defense = accelerate(defense, channels_last=cfg.channels_last, compile=cfg.compile)
-    return Placed(defense, device, pf, verifier_for(pristine, cfg.defense, cfg.defense_opts, device, pf.module_mode))
+    return Placed(defense, device, pf, verifier_for(pristine, cfg.defense, cfg.defense_opts, device, pf.module_mode,
+                                                    recipe))

@@ -25,6 +25,7 @@ from harness.battery.catalog import default_preset
 from harness.battery.presets import battery_decide_by, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.battery.spec import AttackSpec
+from harness.diagnostics.isolated import start_server
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.errors import UsageError
 from harness.progress import get_logger, shard_text
@@ -121,12 +122,15 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
                  clock: Callable[[], float] | None = None) -> Estimate:
     """``harness run --estimate``: the cost of ``cfg`` from a calibration batch (:mod:`harness.run.estimate`); runs
     nothing else and writes nothing. ``clock``: what times it [``time.perf_counter``]."""
+    rebuildable = defense is None  # built from its spec: another process can build it too
+    if rebuildable:
+        start_server()
     cfg, defense, data, indices = prepare(cfg, defense)
     if cfg.threat == corruption_stages.THREAT:
         raise UsageError("--estimate times attack stages; a --threat corruptions run has none (it costs one evaluation "
                          "of each image per stage and eval repeat, plus generating the corrupted images once)")
     batching = Batching(cfg.batch_size)
-    placed = place_and_check(cfg, defense, data, indices, batching)
+    placed = place_and_check(cfg, defense, data, indices, batching, rebuildable=rebuildable)
     pf = placed.preflight
     return estimate(dataclasses.replace(cfg, batch_size=batching.size), placed.defense, data, indices, placed.device,
                     samples=samples, probe=pf.probe, findings=pf.findings, verifier=placed.verifier,
@@ -161,6 +165,9 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
                          f"be combined with {front.option('shard_slice' if shard_slice is not None else 'until')} "
                          f"(use {front.setting('executor', 'local')})")
     executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
+    rebuildable = defense is None  # built from its spec: the verdict comes from new processes
+    if rebuildable:
+        start_server()  # its imports overlap with building the defense and loading the data
     cfg, defense, data, indices = prepare(cfg, defense, front)
     plan = Plan.split(indices, cfg.shard_size)
     fp = fingerprint.compute(cfg.defense, defense, data.fingerprint(indices))
@@ -175,7 +182,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     # the batch size: --batch-size, or where an out-of-memory error left the run (harness.run._memory)
     stored = load_provenance(store.dir).get("batch_sizes") if (store.dir / "provenance.json").is_file() else None
     batching = Batching(resumed_size(stored, cfg.batch_size))
-    placed = place_and_check(cfg, defense, data, indices, batching)  # before any work
+    placed = place_and_check(cfg, defense, data, indices, batching, rebuildable=rebuildable)  # before any work
     defense, device, pf = placed.defense, placed.device, placed.preflight
     est = None
     if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of such a run
@@ -185,8 +192,8 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
                               info=dict(device=str(device), defense=defense.describe(), data_source=data.source,
-                                        data=data.describe(),
-                                        preflight=pf.to_dict()))
+                                        data=data.describe(), preflight=pf.to_dict(),
+                                        verdict=placed.verifier.kind.value))
     batching.attach(store.record_batch_size)
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))

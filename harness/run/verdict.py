@@ -4,9 +4,11 @@ The instance of the defense the attacks queried may remember what it saw, answer
 the attack formed, or have been left in any state by a user's attack. So every stage's final inputs (and the
 clean inputs) are evaluated again by a :class:`Verifier`:
 
-- on *fresh instances*: a copy of the defense as it was before its first query, made anew for every batch,
-  so no instance ever sees two points of one sample's threat-model ball (a defense that remembers clean
-  inputs gains nothing);
+- on *fresh instances*: for a defense built from a spec, instances built anew in a new process for every
+  evaluation (:mod:`harness.diagnostics.isolated`), so no state a query left anywhere in the attacked process
+  (on the object, at module level, in a class attribute) reaches them; for a defense handed over as an object,
+  copies of it as it was before its first query; either way a new instance for every batch, so no instance ever
+  sees two points of one sample's threat-model ball (a defense that remembers clean inputs gains nothing);
 - in a batch composition of its own (a seeded permutation of the samples), not the attack's;
 - at points checked against the clean images re-read from the data set (:func:`reanchor`): an input outside
   their threat-model ball is projected back into it (and counted as a threat-model violation).
@@ -20,16 +22,17 @@ a sign test over samples flags an attacked instance that answers correctly more 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from harness.api._seeding import seeded
 from harness.api.defense import Defense, create_defense
-from harness.api.evaluation import Evaluation, evaluate
+from harness.api.evaluation import Evaluation
 from harness.api.threat import Threat
+from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess, VerdictKind, fresh_evaluation
 from harness.diagnostics.preflight import apply_module_mode
 from harness.stats.paired import sign_test_greater
 
@@ -48,12 +51,20 @@ class Agreement:
 
 class Verifier:
     """Fresh instances of a defense: deep copies of ``pristine`` (the defense before any query, placed on the
-    run's device and module mode), or, for a defense that cannot be copied, ``factory()`` once per evaluation."""
+    run's device and module mode), or, for a defense that cannot be copied, ``factory()`` once per evaluation.
+    With ``isolated``, the verdict's evaluations run there instead (a new process per call); the copies still
+    serve the attacks' passes on a defense that keeps state on its object."""
 
-    def __init__(self, pristine: Defense | None, factory: Callable[[], Defense] | None = None) -> None:
+    def __init__(self, pristine: Defense | None, factory: Callable[[], Defense] | None = None,
+                 isolated: IsolatedProcess | None = None) -> None:
         if pristine is None and factory is None:
             raise ValueError("a Verifier needs the defense before its first query or a factory building it")
-        self.pristine, self.factory = pristine, factory
+        self.pristine, self.factory, self.isolated = pristine, factory, isolated
+
+    @property
+    def kind(self) -> VerdictKind:
+        """Where this verifier's verdict comes from."""
+        return VerdictKind.COPIES if self.isolated is None else VerdictKind.ISOLATED
 
     @staticmethod
     def copyable(defense: Defense) -> Defense | None:
@@ -73,22 +84,25 @@ class Verifier:
         return built, lambda: built
 
     def evaluate(self, x: Tensor, y: Tensor, *, repeats: int, seed: int, batch_size: int) -> Evaluation:
-        """Evaluate ``x`` on fresh instances, in batches formed by a permutation seeded by ``seed``."""
-        with seeded(seed, x.device):
-            order = torch.randperm(x.shape[0], device=x.device)
+        """Evaluate ``x`` on fresh instances, in batches formed by a permutation seeded by ``seed``
+        (:func:`harness.diagnostics.isolated.fresh_evaluation`), in the isolated process if there is one."""
+        if self.isolated is not None:
+            return self.isolated.evaluate(x, y, repeats=repeats, seed=seed, batch_size=batch_size)
         template, fresh = self.instances()
-        return evaluate(template, x, y, repeats, seed, batch_size, fresh=fresh, order=order)
+        return fresh_evaluation(template, fresh, x, y, repeats=repeats, seed=seed, batch_size=batch_size)
 
 
 def verifier_for(pristine: Defense | None, spec: str, options: dict[str, Any], device: torch.device,
-                 module_mode: str) -> Verifier:
+                 module_mode: str, recipe: DefenseRecipe | None = None) -> Verifier:
     """The verifier of a run: fresh copies of ``pristine`` (the defense before its first query) on ``device`` in
-    ``module_mode``, or, if it could not be copied, the factory ``spec`` called again with ``options``."""
+    ``module_mode``, or, if it could not be copied, the factory ``spec`` called again with ``options``; with a
+    ``recipe`` (a defense built from its spec), the verdict from instances built in new processes."""
     def place(d: Defense) -> Defense:
         return apply_module_mode(d.to(device), module_mode)
 
+    isolated = None if recipe is None else IsolatedProcess(dataclasses.replace(recipe, module_mode=module_mode))
     return Verifier(None if pristine is None else place(pristine),
-                    factory=lambda: place(create_defense(spec, **options)))
+                    factory=lambda: place(create_defense(spec, **options)), isolated=isolated)
 
 
 def reanchor(anchors: Tensor, x_adv: Tensor, threat: Threat) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,236 @@
+"""Fresh instances of a defense in another process, for the verdict and the state check.
+
+Copies of a defense in the process the attacks queried share everything outside the object: a module-level cache, a
+class attribute, a global counter. So a run whose defense was built from a spec (a registered name, ``file.py:factory``,
+``module:factory``, an entry point) also rebuilds it, from the same spec and options, in a new process for every
+call (:class:`IsolatedProcess`): nothing any query of the run did can be seen there, wherever the defense keeps it.
+
+The processes are forked from a *fork server*: a process of its own, started clean (it imports torch and the
+engine, never the defense's module, and runs no query), so each child starts from a state no query ever touched,
+imports the defense's module anew, builds the defense, answers one call and exits: a cache filled by one
+evaluation cannot answer the next. A ``spawn`` context would do the same, but every call would
+then import torch and the engine again (seconds per call); forking from the server costs only the defense's own
+import and construction. The server starts no thread pool and touches no accelerator (importing torch does
+neither), so forking from it is safe. What a new process cannot undo is what a defense keeps outside the process:
+files it writes, a server it talks to.
+
+Unlike other process pools started this way, the children do not import the main module again (they need nothing
+of it), so a script that starts an evaluation at its top level needs no ``if __name__ == "__main__":`` guard.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import importlib
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import types
+from dataclasses import dataclass, field
+from enum import Enum
+from multiprocessing import forkserver
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from harness.api._seeding import seeded
+from harness.api.defense import DEFENSES, Defense, create_defense
+from harness.api.evaluation import Evaluation, evaluate
+from harness.errors import HarnessError, SetupError, one_line
+
+# what the fork server imports before forking: torch and the engine, never a defense's module
+PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated"]
+START_METHOD = "forkserver"  # see the module docstring: not "spawn" (every call would import torch again)
+_FILE_PLUGIN = "_harness_plugin_"  # module names the registry gives files it loaded (harness.api.registry)
+
+
+class VerdictKind(Enum):
+    """Where a run's verdict comes from (recorded in provenance, shown by the report)."""
+    ISOLATED = "isolated process"  # instances built anew in a new process per call
+    COPIES = "in-process copies"  # copies of the defense in the attacked process (a defense given as an object)
+
+
+def fresh_evaluation(template: Defense, fresh: Callable[[], Defense], x: Tensor, y: Tensor, *, repeats: int,
+                     seed: int, batch_size: int) -> Evaluation:
+    """``x`` evaluated on a new instance per batch (``fresh()``; ``template`` answers the evaluation's own checks), in
+    batches formed by a permutation seeded by ``seed``: the verifier's batch order, wherever it runs."""
+    with seeded(seed, x.device):
+        order = torch.randperm(x.shape[0], device=x.device)
+    return evaluate(template, x, y, repeats, seed, batch_size, fresh=fresh, order=order)
+
+
+@dataclass(frozen=True)
+class DefenseRecipe:
+    """How to build the run's defense in another process: the factory ``spec`` (a file spec with its absolute path)
+    and its ``options``, the ``device`` and ``module_mode`` it runs in, torch's thread count (so float reductions
+    match this process's), and the modules to import first (the one that registers a name outside entry points)."""
+    spec: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    module_mode: str = "eval"
+    threads: int = 1
+    imports: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, spec: str, options: Mapping[str, Any], device: torch.device, module_mode: str) -> DefenseRecipe | None:
+        """The recipe of a defense built by ``create_defense(spec, **options)``, or None when another process could
+        not build it the same way (a name registered by the main script or by a file loaded at run time)."""
+        target, sep, attr = spec.rpartition(":")
+        imports: tuple[str, ...] = ()
+        if sep and (target.endswith(".py") or "/" in target or "\\" in target):
+            spec = f"{Path(target).expanduser().resolve()}:{attr}"  # the child may not share this process's cwd
+        elif target == "__main__":
+            return None
+        elif not sep:
+            module = getattr(DEFENSES.get(spec), "__module__", None)
+            if not module or module == "__main__" or module.startswith(_FILE_PLUGIN):
+                return None
+            imports = (module,)
+        return cls(spec, dict(options), str(device), module_mode, torch.get_num_threads(), imports)
+
+    def build(self) -> Defense:
+        """The defense, built anew, on its device and in its module mode (called in the new process)."""
+        from harness.diagnostics.preflight import apply_module_mode
+
+        torch.set_num_threads(self.threads)
+        for module in self.imports:
+            importlib.import_module(module)
+        return apply_module_mode(create_defense(self.spec, **self.options).to(self.device), self.module_mode)
+
+
+# Tensors cross the process boundary as numpy arrays (pickled by value): torch's own pickling would share their
+# memory through file descriptors served by the sending process, which exits right after its call.
+
+def _evaluate(defense: Defense, device: torch.device, x: np.ndarray, y: np.ndarray, repeats: int, seed: int,
+              batch_size: int) -> tuple[np.ndarray, ...]:
+    ev = fresh_evaluation(defense, lambda: copy.deepcopy(defense), torch.from_numpy(x).to(device),
+                          torch.from_numpy(y).to(device), repeats=repeats, seed=seed, batch_size=batch_size)
+    return tuple(t.cpu().numpy() for t in (ev.preds, ev.correct, ev.finite, ev.margin))
+
+
+def _logits(defense: Defense, device: torch.device, points: np.ndarray, seed: int) -> np.ndarray:
+    at = torch.from_numpy(points).to(device)
+    with torch.no_grad(), seeded(seed, at.device):
+        out: np.ndarray = defense.logits(at, "full").float().cpu().numpy()
+    return out
+
+
+def _in_child(conn: Connection, work: Callable[..., Any], recipe: DefenseRecipe, *args: Any) -> None:
+    """What a new process runs: build the defense, then ``work(defense, device, *args)``; sends back ``(True, (answer,
+    seconds the work took))`` (the rest of the call is the process's start: fork, imports, construction) or ``(False,
+    the exception)``."""
+    try:
+        defense = recipe.build()
+        started = time.perf_counter()
+        answer = work(defense, torch.device(recipe.device), *args)
+        conn.send((True, (answer, time.perf_counter() - started)))
+    except Exception as exc:  # noqa: BLE001 - every error goes back to the caller, which names the defense
+        try:
+            conn.send((False, exc))
+        except Exception:  # noqa: BLE001 - an exception that cannot be pickled goes back as its text
+            conn.send((False, RuntimeError(f"{type(exc).__name__}: {one_line(exc)}")))
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _main_left_out() -> Iterator[None]:
+    """While a new process is started: the main module hidden from ``multiprocessing``, which would otherwise have the
+    child import it again (and a script whose top level starts an evaluation would start it again there, which
+    ``multiprocessing`` refuses); the child needs nothing of it."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+@dataclass
+class Spent:
+    """Wall seconds of an :class:`IsolatedProcess`'s calls: ``total`` as this process waited for them, ``working`` of
+    it spent evaluating in the new processes; the difference is the processes' start (``benchmarks/``)."""
+    calls: int = 0
+    total: float = 0.0
+    working: float = 0.0
+
+
+def _forget_server() -> None:
+    """In a process forked from one that started the fork server (a pool of forked workers, a test): the server is
+    not this process's child, so ``multiprocessing`` would fail asking the OS whether it runs (ChildProcessError). It
+    forgets the server instead (closing its copy of the descriptor that keeps it alive) and starts its own when it
+    needs one. ``multiprocessing`` keeps this state in private attributes: read with defaults."""
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or getattr(server, "_forkserver_pid", None) is None:
+        return
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+    server._lock = threading.Lock()  # a lock held by another thread at the fork stays held in the child
+
+
+os.register_at_fork(after_in_child=_forget_server)
+
+
+def start_server() -> multiprocessing.context.BaseContext:
+    """The context whose processes :class:`IsolatedProcess` forks, its server started now if it is not running: its
+    imports (seconds) then overlap with what this process does next, as loading the data and the defense."""
+    context = multiprocessing.get_context(START_METHOD)
+    context.set_forkserver_preload(PRELOAD)  # read once, when the server (one per process) starts
+    forkserver.ensure_running()
+    return context
+
+
+class IsolatedProcess:
+    """Calls on fresh instances of the defense of ``recipe``, each in a new process (module docstring)."""
+
+    def __init__(self, recipe: DefenseRecipe) -> None:
+        self.recipe = recipe
+        self.spent = Spent()
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        context = start_server()
+        # the thread count of this process now, so that float reductions match the attacked instance's
+        recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())
+        started = time.perf_counter()
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_in_child, args=(send, fn, recipe, *args), name="harness-verdict")
+        with _main_left_out():
+            process.start()
+        send.close()
+        try:
+            ok, payload = receive.recv()
+        except EOFError:
+            process.join()
+            raise SetupError(f"defense {self.recipe.spec!r}: the new process that rebuilds it for the verdict died "
+                             f"(exit code {process.exitcode}) before answering") from None
+        finally:
+            receive.close()
+        process.join()
+        if not ok:
+            if isinstance(payload, HarnessError):
+                raise payload  # the defense's own error, as this process would have raised it (it names the defense)
+            raise SetupError(f"defense {self.recipe.spec!r} could not be rebuilt and evaluated in a new process for "
+                             f"the verdict: {type(payload).__name__}: {one_line(payload)}")
+        answer, working = payload
+        self.spent.calls += 1
+        self.spent.total += time.perf_counter() - started
+        self.spent.working += working
+        return answer
+
+    def evaluate(self, x: Tensor, y: Tensor, *, repeats: int, seed: int, batch_size: int) -> Evaluation:
+        """:func:`fresh_evaluation` of ``x`` by the defense built in a new process; on ``x``'s device."""
+        parts = self._call(_evaluate, x.detach().cpu().numpy(), y.cpu().numpy(), repeats, seed, batch_size)
+        return Evaluation(*(torch.from_numpy(p).to(x.device) for p in parts))
+
+    def logits(self, points: Tensor, seed: int) -> Tensor:
+        """The logits at ``points`` of an instance built in a new process, drawn under ``seed``; on ``points``' device."""
+        return torch.from_numpy(self._call(_logits, points.detach().cpu().numpy(), seed)).to(points.device)
