@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from harness.api.config import RunConfig
-    from harness.diagnostics import after_stage
+    from harness.diagnostics import gradient_checks
     from harness.diagnostics import preflight as first_batch
     from harness.diagnostics.isolated import IsolatedProcess, Spent
     from harness.run import _placement as placement
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     _timed(placement, "preflight", totals)  # the reference harness.run._placement calls
     _timed(Verifier, "evaluate", totals)
     _timed(first_batch, "taylor_agreement", totals, "gradient check, first batch")  # each imported it by name
-    _timed(after_stage, "taylor_agreement", totals, "gradient check, stages")
+    _timed(gradient_checks, "taylor_agreement", totals, "gradient check, stages")
     spent = Spent()  # the verdict's new processes (the state check's are in the first-batch checks)
     _evaluate = IsolatedProcess.evaluate
 
