@@ -177,6 +177,20 @@ class InPlaceClamp(nn.Module):
         return x.clamp_(0.1, 0.9)
 
 
+def _recall(out: Tensor, x: Tensor, seen: list[tuple[Tensor, Tensor]], radius: float, *, gradient: bool) -> Tensor:
+    """The logits ``out`` of ``x``, except that a row within ``radius`` (ℓ∞) of an input in ``seen`` answers that
+    input's remembered logits, with the real network's gradient (``gradient``) or none; unseen rows are remembered."""
+    rows = []
+    for i in range(x.shape[0]):
+        hit = next((lg for s, lg in seen if (s - x[i].detach()).abs().max() <= radius), None)
+        if hit is None:
+            seen.append((x[i].detach().clone(), out[i].detach().clone()))
+            rows.append(out[i])
+        else:
+            rows.append(hit + (out[i] - out[i].detach() if gradient else 0 * out[i]))
+    return torch.stack(rows)
+
+
 class Memory(nn.Module):
     """Remembers every input it has seen and answers the remembered logits for anything within ``radius`` (ℓ∞) of
     one: the instance the attacks query keeps answering the clean logits."""
@@ -187,16 +201,7 @@ class Memory(nn.Module):
         self.seen: list[tuple[Tensor, Tensor]] = []
 
     def forward(self, x: Tensor) -> Tensor:
-        out = self.net(x)
-        rows = []
-        for i in range(x.shape[0]):
-            hit = next((lg for s, lg in self.seen if (s - x[i].detach()).abs().max() <= self.radius), None)
-            if hit is None:
-                self.seen.append((x[i].detach().clone(), out[i].detach().clone()))
-                rows.append(out[i])
-            else:
-                rows.append(hit + 0 * out[i])
-        return torch.stack(rows)
+        return _recall(self.net(x), x, self.seen, self.radius, gradient=False)
 
 
 PROCESS_MEMORY: list[tuple[Tensor, Tensor]] = []  # shared by every instance and copy in this process
@@ -212,16 +217,7 @@ class ProcessMemory(nn.Module):
         self.net, self.radius = net, radius
 
     def forward(self, x: Tensor) -> Tensor:
-        out = self.net(x)
-        rows = []
-        for i in range(x.shape[0]):
-            hit = next((lg for s, lg in PROCESS_MEMORY if (s - x[i].detach()).abs().max() <= self.radius + 1e-6), None)
-            if hit is None:
-                PROCESS_MEMORY.append((x[i].detach().clone(), out[i].detach().clone()))
-                rows.append(out[i])
-            else:
-                rows.append(hit + out[i] - out[i].detach())  # the remembered answer, the real gradient
-        return torch.stack(rows)
+        return _recall(self.net(x), x, PROCESS_MEMORY, self.radius + 1e-6, gradient=True)
 
 
 class ClassMemory(nn.Module):
@@ -235,16 +231,7 @@ class ClassMemory(nn.Module):
         self.net, self.radius = net, radius
 
     def forward(self, x: Tensor) -> Tensor:
-        out = self.net(x)
-        rows = []
-        for i in range(x.shape[0]):
-            hit = next((lg for s, lg in ClassMemory.seen if (s - x[i].detach()).abs().max() <= self.radius), None)
-            if hit is None:
-                ClassMemory.seen.append((x[i].detach().clone(), out[i].detach().clone()))
-                rows.append(out[i])
-            else:
-                rows.append(hit + out[i] - out[i].detach())  # the remembered answer, the real gradient
-        return torch.stack(rows)
+        return _recall(self.net(x), x, ClassMemory.seen, self.radius, gradient=True)
 
 
 class GradDiffers(nn.Module):
