@@ -35,6 +35,19 @@ def tiny_defense(purifier: nn.Module | None = None, *, stochastic: bool = False,
     return Defense(TinyCNN(num_classes).eval(), purifier, num_classes=num_classes, stochastic=stochastic, name=name)
 
 
+def install_robustbench(monkeypatch: pytest.MonkeyPatch, load_model) -> None:
+    """Make ``load_model`` the ``robustbench.utils.load_model`` that imports see (the real package downloads)."""
+    import sys
+    import types
+
+    utils = types.ModuleType("robustbench.utils")
+    utils.load_model = load_model  # type: ignore[attr-defined]
+    package = types.ModuleType("robustbench")
+    package.utils = utils  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "robustbench", package)
+    monkeypatch.setitem(sys.modules, "robustbench.utils", utils)
+
+
 def load_benchmark(path: Path):
     """A benchmark script (``benchmarks/NAME.py``) as a module: its imports run, its ``main`` does not."""
     import importlib.util

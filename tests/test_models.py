@@ -45,24 +45,16 @@ def test_robustbench_failure_is_clear():
 
 def _fake_robustbench(monkeypatch) -> list[dict]:
     """A stand-in ``robustbench`` package (the real one downloads weights) recording each load_model call."""
-    import sys
-    import types
-
-    from conftest import TinyCNN
+    from conftest import TinyCNN, install_robustbench
 
     calls: list[dict] = []
-    utils = types.ModuleType("robustbench.utils")
 
     def load_model(model_name: str, model_dir: str = "./models", dataset: str = "cifar10",
                    threat_model: str = "Linf") -> torch.nn.Module:
         calls.append({"model_name": model_name, "dataset": dataset, "threat_model": threat_model})
         return TinyCNN(100 if dataset == "cifar100" else 10)
 
-    utils.load_model = load_model
-    package = types.ModuleType("robustbench")
-    package.utils = utils
-    monkeypatch.setitem(sys.modules, "robustbench", package)
-    monkeypatch.setitem(sys.modules, "robustbench.utils", utils)
+    install_robustbench(monkeypatch, load_model)
     return calls
 
 

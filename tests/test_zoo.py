@@ -2,13 +2,13 @@
 checkpoint, RobustBench entries from a local cache; the pretrained download path fails in one line naming the way
 without the network."""
 import sys
-import types
 
 import pytest
 import timm
 import torch
 import torchvision
 
+from conftest import install_robustbench
 from harness.api.defense import create_defense
 from harness.errors import SetupError, UsageError
 from harness.sources import zoo
@@ -136,12 +136,7 @@ def _fake_robustbench(monkeypatch, architecture) -> list[dict]:
         model.load_state_dict(torch.load(path, weights_only=True))
         return model
 
-    utils = types.ModuleType("robustbench.utils")
-    utils.load_model = load_model
-    package = types.ModuleType("robustbench")
-    package.utils = utils
-    monkeypatch.setitem(sys.modules, "robustbench", package)
-    monkeypatch.setitem(sys.modules, "robustbench.utils", utils)
+    install_robustbench(monkeypatch, load_model)
     return calls
 
 
