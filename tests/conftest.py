@@ -62,17 +62,49 @@ def load_benchmark(path: Path):
 def interrupt_at_shard(monkeypatch: pytest.MonkeyPatch, shard: int = 1):
     """Make the runner raise KeyboardInterrupt when it reaches ``shard`` (a run killed part-way); returns the
     real stage function, to put back for the resume."""
-    from harness.run import shards as run_shards
+    from harness.run import cascade as run_shards
 
     real = run_shards.run_stage
 
     def dies_at_shard(*args, **kwargs):
-        if kwargs["shard"] == shard:
+        if args[2].shard == shard:  # (context, plan, batch, robust_before)
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(run_shards, "run_stage", dies_at_shard)
     return real
+
+
+def stage_context(defense, attack=None, *, grad=None, eot=None, repeats=1, run_seed=0, autocast="none", probe=None,
+                  verifier=None, fresh=None, threat=None, decide_by="mean"):
+    """The :class:`harness.run.plan.RunContext` of a stage run on its own (no run around it): ``threat`` None holds
+    answers to the attack's own ε-ball, as such a stage does."""
+    from harness.api.config import RunConfig
+    from harness.run.plan import RunContext
+
+    config = RunConfig(grad=grad, eot=eot, eval_repeats=repeats, seed=run_seed, autocast=autocast, decide_by=decide_by,
+                       eps=float(getattr(attack, "eps", 0.0)), norm=str(getattr(attack, "norm", "Linf")))
+    return RunContext(config, defense, torch.device("cpu"), threat, probe, verifier, fresh)
+
+
+def run_single_stage(stage, spec, attack, defense, x, y, robust_before, *, shard=0, batch_size=64, anchors=None,
+                     part=0, **context):
+    """``harness.run.stage.run_stage`` of stage number ``stage`` running ``attack`` (built from ``spec``) on its own,
+    with the run settings ``context`` (:func:`stage_context`)."""
+    from harness.run.plan import ShardBatch, StagePlan, enforced_threat
+    from harness.run.stage import run_stage
+
+    ctx = stage_context(defense, attack, **context)
+    plan = StagePlan(stage, spec, attack, ctx.resolve(spec, attack), enforced_threat(spec, attack, defense, ctx.threat))
+    return run_stage(ctx, plan, ShardBatch(shard, x, y, batch_size, anchors), robust_before, part)
+
+
+def clean_single(defense, x, y, *, shard=0, batch_size=64, anchors=None, stage=0, **context):
+    """``harness.run.stage.clean_stage`` on its own, with the run settings ``context`` (:func:`stage_context`)."""
+    from harness.run.plan import ShardBatch
+    from harness.run.stage import clean_stage
+
+    return clean_stage(stage_context(defense, **context), ShardBatch(shard, x, y, batch_size, anchors), stage)
 
 
 @pytest.fixture

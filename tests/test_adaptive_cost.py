@@ -14,14 +14,13 @@ from torch import Tensor, nn
 
 import harness.run.rungs as rungs_module
 import harness.run.runner as runner
-from conftest import TinyCNN
+from conftest import TinyCNN, run_single_stage
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.config import RunConfig, read_config, write_config
 from harness.api.defense import Defense
 from harness.battery.spec import AttackSpec
 from harness.defenses.gaussian_noise import GaussianNoise
 from harness.errors import UsageError
-from harness.run.stage import run_stage
 from harness.store.rundir import TIMING_COLUMNS, load_diagnostics, load_records, load_side
 from test_criteria import Minus, _defense
 from test_criteria import _cfg as oracle_cfg
@@ -309,7 +308,7 @@ def test_adaptive_eot_uses_fewer_draws_on_a_stable_gradient_than_on_a_noisy_one(
     spec = AttackSpec(name="pgd", attack="pgd", options={"steps": 6, "eot_adaptive": True, "eot_min": 2})
     spent, draws = {}, {}
     for name, sigma in (("stable", 1e-6), ("noisy", 1.0)):
-        outcome, cols, _ = run_stage(1, spec, spec.build(0.0, "Linf"), _noisy(sigma), x, y,
+        outcome, cols, _ = run_single_stage(1, spec, spec.build(0.0, "Linf"), _noisy(sigma), x, y,
                                      torch.ones(6, dtype=torch.bool), grad=None, eot=16, repeats=1, run_seed=0,
                                      shard=0, batch_size=6)
         spent[name] = float(cols["classifier_backward"].mean())

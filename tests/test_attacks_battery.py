@@ -219,14 +219,14 @@ def test_nonfinite_logits_count_as_success():
 
 def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
     """bpda-eot spends EOT draws only on stochastic defenses and pins BPDA; the record says so."""
+    from conftest import run_single_stage
     from harness.battery.spec import AttackSpec
-    from harness.run.stage import run_stage
     x, y = batch
     x, y = x[:4], y[:4]
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 3})
     cols = {}
     for kind in ("plain", "noise-small"):
-        _, cols[kind], _ = run_stage(1, spec, spec.build(0.0, "Linf"), make(kind), x, y, torch.ones(4, dtype=torch.bool),
+        _, cols[kind], _ = run_single_stage(1, spec, spec.build(0.0, "Linf"), make(kind), x, y, torch.ones(4, dtype=torch.bool),
                                      grad="full", eot=None, repeats=1, run_seed=0, shard=0, batch_size=4)
         assert (cols[kind]["grad_mode"], cols[kind]["grad_source"]) == ("bpda", "attack")
         assert cols[kind]["eot_source"] == "default"

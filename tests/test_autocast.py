@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from conftest import run_single_stage
 from harness.api.attack import Attack, AttackResult
 from harness.api.defense import Defense
 from harness.api.target import Target
@@ -13,7 +14,6 @@ from harness.attacks import list_attacks
 from harness.attacks.torchattacks_adapter import AUTOCAST_CLASSES
 from harness.battery.resolve import resolve
 from harness.battery.spec import AttackSpec
-from harness.run.stage import run_stage
 from helpers_attacks import attack_batch, tiny_cnn
 
 # tiny budgets per built-in attack (every registered name except the torchattacks aliases, covered below)
@@ -47,7 +47,7 @@ def _stage(name: str, options: dict, autocast: str):
     defense = Defense(tiny_cnn(), Rec(), num_classes=10, name="tiny-rec")
     spec = AttackSpec(name, name, {k: v for k, v in options.items() if k not in ("eps", "norm")})
     eps, norm = options.get("eps", 0.1), options.get("norm", "Linf")
-    return run_stage(1, spec, spec.build(eps, norm), defense, x, y, torch.ones(6, dtype=torch.bool), grad=None,
+    return run_single_stage(1, spec, spec.build(eps, norm), defense, x, y, torch.ones(6, dtype=torch.bool), grad=None,
                      eot=None, repeats=1, run_seed=0, shard=0, batch_size=6, autocast=autocast)
 
 
@@ -77,7 +77,7 @@ def test_attacks_not_declared_for_autocast_are_refused_by_name():
     x, y = attack_batch(2)
     spec = AttackSpec("jsma", "torchattacks:JSMA")
     with pytest.raises(ValueError, match=r"--autocast bf16: attack 'jsma' \(torchattacks:JSMA\) does not support"):
-        run_stage(1, spec, spec.build(0.1, "Linf"), Defense(tiny_cnn(), None, num_classes=10), x, y,
+        run_single_stage(1, spec, spec.build(0.1, "Linf"), Defense(tiny_cnn(), None, num_classes=10), x, y,
                   torch.ones(2, dtype=torch.bool), grad=None, eot=None, repeats=1, run_seed=0, shard=0, batch_size=2,
                   autocast="bf16")
 

@@ -13,16 +13,15 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+import harness.run.cascade as run_shards
 import harness.run.runner as runner
-import harness.run.shards as run_shards
-from conftest import TinyCNN
+from conftest import TinyCNN, run_single_stage
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.spec import AttackSpec
 from harness.defenses.bit_depth import BitDepthReduction
 from harness.diagnostics import after_stage as diagnostics
 from harness.reports.outcomes import outcome_table, stage_flags
-from harness.run.stage import run_stage
 from harness.store.rundir import FORMAT_VERSION, ResumeMismatchError, load_records
 from helpers_attacks import NUM_CLASSES, Quantize, attack_batch, tiny_cnn
 
@@ -103,7 +102,7 @@ class HalfQuantize(nn.Module):
 def _stage(defense: Defense, eps: float):
     x, y = attack_batch(32)
     spec = AttackSpec("pgd", "pgd", {"steps": 10, "random_start": False})
-    outcome, _, _ = run_stage(1, spec, spec.build(eps, "Linf"), defense, x, y, torch.ones(len(x), dtype=torch.bool),
+    outcome, _, _ = run_single_stage(1, spec, spec.build(eps, "Linf"), defense, x, y, torch.ones(len(x), dtype=torch.bool),
                               grad=None, eot=1, repeats=1, run_seed=0, shard=0, batch_size=64)
     return outcome, diagnostics.after_stage(outcome)
 

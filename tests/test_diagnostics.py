@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import run_single_stage
 from harness.api.defense import Defense
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
-from harness.run.stage import run_stage
 from helpers_attacks import NUM_CLASSES, attack_batch, make, tiny_cnn
 
 torch.set_num_threads(1)
@@ -20,7 +20,7 @@ PGD_NO_START = AttackSpec("pgd", "pgd", {"steps": 20, "random_start": False})
 def stage(defense: Defense, spec: AttackSpec, *, eps: float = 0.1, eot: int = 1, stage_no: int = 1, before=None):
     x, y = attack_batch(32)
     rb = torch.ones(len(x), dtype=torch.bool) if before is None else before
-    outcome, _, _ = run_stage(stage_no, spec, spec.build(eps, "Linf"), defense, x, y, rb, grad=None, eot=eot,
+    outcome, _, _ = run_single_stage(stage_no, spec, spec.build(eps, "Linf"), defense, x, y, rb, grad=None, eot=eot,
                               repeats=5 if defense.stochastic else 1, run_seed=0, shard=0, batch_size=64)
     return outcome, diagnostics.after_stage(outcome)
 
@@ -87,7 +87,7 @@ def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
     assert spec.options["grad"] == "surrogate" and "eot" not in spec.options  # EOT 1: deterministic defense
     spec.options["steps"] = 10  # a cheaper run of the same escalation
     x, y = attack_batch(32)
-    outcome, cols, _ = run_stage(2, spec, spec.build(0.1, "Linf"), with_surrogate(False), x, y,
+    outcome, cols, _ = run_single_stage(2, spec, spec.build(0.1, "Linf"), with_surrogate(False), x, y,
                                  torch.ones(len(x), dtype=torch.bool), grad="full", eot=None, repeats=1, run_seed=0,
                                  shard=0, batch_size=64)
     assert (cols["grad_mode"], cols["grad_source"]) == ("surrogate", "attack-option")
@@ -277,7 +277,7 @@ def test_chunked_stage_and_pinned_gradient_mode():
     quantizer; results merged from several chunks (batch 8 < 32 samples) are read correctly."""
     x, y = attack_batch(32)
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 10})
-    outcome, _, _ = run_stage(1, spec, spec.build(0.03, "Linf"), make("quantize"), x, y,
+    outcome, _, _ = run_single_stage(1, spec, spec.build(0.03, "Linf"), make("quantize"), x, y,
                               torch.ones(len(x), dtype=torch.bool), grad="full", eot=1, repeats=1, run_seed=0,
                               shard=0, batch_size=8)
     assert outcome.target.grad_mode == "bpda" and isinstance(outcome.result.extras["acc_trace"], list)

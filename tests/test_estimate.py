@@ -223,28 +223,25 @@ def test_a_costly_calibration_is_cut_to_what_a_minute_allows(tmp_path):
 def test_stages_are_priced_with_the_run_s_stage_options(tmp_path, monkeypatch):
     """The shortened runs that price a stage get exactly the options the run's stages get (the criterion, a stateful
     defense's fresh instances, the verdict's), from the run's own shard context."""
-    from harness.run import fullcost, shards
+    from harness.run import cascade, fullcost
 
-    seen, options = [], []
-    real_run_stage, real_options = fullcost.run_stage, shards.RunShards.stage_options
+    priced, computed = [], []
 
-    def run_stage(*args, **kw):
-        seen.append(kw)
-        return real_run_stage(*args, **kw)
+    def recording(real, into):
+        def run_stage(context, *args, **kw):
+            into.append(context)
+            return real(context, *args, **kw)
+        return run_stage
 
-    def stage_options(self, shard, anchors):
-        options.append(real_options(self, shard, anchors))
-        return options[-1]
-
-    monkeypatch.setattr(fullcost, "run_stage", run_stage)
-    monkeypatch.setattr(shards.RunShards, "stage_options", stage_options)
+    monkeypatch.setattr(fullcost, "run_stage", recording(fullcost.run_stage, priced))
+    monkeypatch.setattr(cascade, "run_stage", recording(cascade.run_stage, computed))
     root = _brightness_data(tmp_path / "data", fragile=4, robust=12)
     clock = _Passes()
     runner.estimate_run(_brightness_cfg(root, tmp_path / "est", decide_by="majority"),
                         defense=Defense(_Brightness(clock).eval(), None, num_classes=10, name="brightness"),
                         samples=4)
-    assert seen and all(kw["decide_by"] == "majority" and "fresh" in kw for kw in seen)
-    assert all(any(kw.keys() == o.keys() and all(kw[k] is o[k] for k in o) for o in options) for kw in seen)
+    assert priced and computed and all(c.decide_by == "majority" for c in priced)
+    assert {id(c) for c in priced} <= {id(c) for c in computed}  # one context: the run's own
 
 
 class _Counted(torch.nn.Module):

@@ -175,10 +175,10 @@ def test_a_fast_run_interrupted_inside_the_battery_resumes_to_identical_records(
     broken = {a: int((~ref[ref.attack == a].correct_all.fillna(True)).sum()) for a in ("apgd-ce", "apgd-t-malt")}
     assert malt.attempted.sum() >= 8 and broken["apgd-ce"] >= 8 and broken["apgd-t-malt"] >= 1
     real = interrupt_at_shard(monkeypatch, shard=1)
-    import harness.run.shards as run_shards
+    import harness.run.cascade as run_shards
 
     def dies_at_malt(*args, **kwargs):  # shard 1 stops inside the battery: after APGD-CE, at APGD-T
-        if kwargs["shard"] == 1 and args[1].name == "apgd-t-malt":
+        if args[2].shard == 1 and args[1].name == "apgd-t-malt":  # (context, plan, batch, ...)
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 

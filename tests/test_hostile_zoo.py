@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import harness.run.runner as runner
+from conftest import run_single_stage
 from harness.api.config import RunConfig
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
-from harness.run.stage import run_stage
 from hostile_zoo import EPS, NONFINITE, ZOO_OPTIONS, builtin_attacks, grid_batch, make_hostile, off_grid
 from zoo_factory import SPEC
 
@@ -23,7 +23,7 @@ def test_zoo_covers_every_builtin_attack():
 
 def _stage(name: str, defense, x, y, **kw):
     spec = AttackSpec(name, name, ZOO_OPTIONS[name])
-    return run_stage(1, spec, spec.build(EPS, "Linf"), defense, x, y, torch.ones(len(y), dtype=torch.bool),
+    return run_single_stage(1, spec, spec.build(EPS, "Linf"), defense, x, y, torch.ones(len(y), dtype=torch.bool),
                      grad=kw.get("grad", "full"), eot=1, repeats=1, run_seed=0, shard=0, batch_size=8)
 
 
@@ -75,7 +75,7 @@ def test_large_eps_diagnostic_counts_nonfinite_points_as_broken():
 
     x, y = grid_batch(6)
     for kind in NONFINITE:
-        outcome, _, _ = run_stage(1, AttackSpec("stays", "pgd", {}), Stays(eps=EPS), make_hostile(kind), x, y,
+        outcome, _, _ = run_single_stage(1, AttackSpec("stays", "pgd", {}), Stays(eps=EPS), make_hostile(kind), x, y,
                                   torch.ones(len(y), dtype=torch.bool), grad="full", eot=1, repeats=1, run_seed=0,
                                   shard=0, batch_size=8)
         assert outcome.robust_after.all()  # nothing was broken: the diagnostics examine every sample

@@ -140,15 +140,15 @@ def test_a_resumed_run_starts_at_the_size_it_went_on_with(tiny_data_root, tmp_pa
 def test_a_shard_started_again_counts_once_in_the_progress(tiny_data_root, tmp_path, monkeypatch, caplog):
     """The second attack of the battery runs out of memory: the shard starts again, and its first attack, done twice,
     counts once in the progress lines (not 150% of the sample-stages)."""
-    import harness.run.shards as run_shards
+    import harness.run.cascade as run_shards
 
     net = Limited(16)
     net.armed = False  # the first attack fits at any batch size
     real = run_shards.run_stage
 
-    def arming(stage, spec, *args, **kwargs):
-        net.armed = net.armed or spec.name == "apgd-ce"
-        return real(stage, spec, *args, **kwargs)
+    def arming(context, plan, *args, **kwargs):
+        net.armed = net.armed or plan.name == "apgd-ce"
+        return real(context, plan, *args, **kwargs)
 
     monkeypatch.setattr(run_shards, "run_stage", arming)
     cfg = _cfg(tiny_data_root, tmp_path, 64, attacks="pgd,apgd-ce", quiet=False, escalate=False)

@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from conftest import clean_single, run_single_stage
 from harness.api.defense import Defense
 from harness.api.passes import COUNTS, PassCount, counting
 from harness.api.target import Target
 from harness.battery.spec import AttackSpec
-from harness.run.stage import clean_stage, run_stage
 from helpers_attacks import NUM_CLASSES, attack_batch, tiny_cnn
 from hostile_zoo import ZOO_OPTIONS, builtin_attacks
 
@@ -87,7 +87,7 @@ def test_recorded_passes_equal_what_the_networks_saw(name):
     spec = AttackSpec(name, name, ZOO_OPTIONS[name])
     robust = torch.ones(6, dtype=torch.bool)
     robust[0] = False  # not attempted: charged nothing
-    _, cols, _ = run_stage(1, spec, spec.build(0.1, "Linf"), d, x, y, robust, grad="full", eot=1, repeats=2,
+    _, cols, _ = run_single_stage(1, spec, spec.build(0.1, "Linf"), d, x, y, robust, grad="full", eot=1, repeats=2,
                            run_seed=0, shard=0, batch_size=4)
     truth = seen(cls, den)
     assert truth["classifier_forward"] > 0
@@ -117,7 +117,7 @@ def test_every_attack_runs_the_resolved_eot_and_gradient_mode(name):
     for grad, eot in (("full", 1), ("full", 3), ("bpda", 1)):
         torch.manual_seed(0)  # the same purifier weights for every setting
         d, _, _ = counted_defense()
-        _, c, _ = run_stage(1, spec, spec.build(0.0, norm), d, x, y, torch.ones(3, dtype=torch.bool), grad=grad,
+        _, c, _ = run_single_stage(1, spec, spec.build(0.0, norm), d, x, y, torch.ones(3, dtype=torch.bool), grad=grad,
                             eot=eot, repeats=1, run_seed=0, shard=0, batch_size=3)
         cols[grad, eot] = {k: v if isinstance(v, (str, int)) else float(v.sum()) for k, v in c.items()
                            if k in ("eot", "grad_mode", *COUNTS)}
@@ -142,7 +142,7 @@ def test_every_attack_runs_the_resolved_eot_and_gradient_mode(name):
 def test_clean_stage_counts_every_evaluation_repeat():
     x, y = attack_batch(5)
     d, cls, den = counted_defense()
-    cols, _, _ = clean_stage(d, x, y, repeats=3, run_seed=0, shard=0, batch_size=4)
+    cols, _, _ = clean_single(d, x, y, repeats=3, run_seed=0, shard=0, batch_size=4)
     assert cols["classifier_forward"].sum() == pytest.approx(15) and cols["purifier_forward"].sum() == pytest.approx(30)
     assert seen(cls, den) == {"classifier_forward": 15, "classifier_backward": 0, "purifier_forward": 30,
                               "purifier_backward": 0}

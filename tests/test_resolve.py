@@ -9,13 +9,12 @@ import pytest
 import torch
 
 import harness.run.runner as runner
-from conftest import TinyCNN
+from conftest import TinyCNN, run_single_stage
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.presets import AttackSpec, resolve_battery
 from harness.battery.resolve import resolve
 from harness.defenses.gaussian_noise import GaussianNoise
-from harness.run.stage import run_stage
 from harness.store.rundir import load_config, load_records
 from helpers_attacks import attack_batch, make
 
@@ -88,7 +87,7 @@ def test_stage_records_what_ran_and_spends_it():
     cols = {}
     for label, options, run_eot in (("default", {}, None), ("run", {}, 10), ("option", {"eot": 3}, 10)):
         spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 2, **options})
-        _, cols[label], _ = run_stage(1, spec, spec.build(0.0, "Linf"), defense, x, y, torch.ones(4, dtype=torch.bool),
+        _, cols[label], _ = run_single_stage(1, spec, spec.build(0.0, "Linf"), defense, x, y, torch.ones(4, dtype=torch.bool),
                                       grad="full", eot=run_eot, repeats=1, run_seed=0, shard=0, batch_size=4)
     got = {k: (c["eot"], c["eot_source"], c["grad_mode"], c["grad_source"]) for k, c in cols.items()}
     assert got == {"default": (20, "default", "bpda", "attack"), "run": (10, "run", "bpda", "attack"),
@@ -162,7 +161,7 @@ def test_records_carry_the_declared_budget_not_attribute_guesses():
 
     x, y = attack_batch(3)
     spec = AttackSpec("declared", "declared")
-    _, cols, _ = run_stage(1, spec, Declared(eps=0.03), make("plain"), x, y, torch.ones(3, dtype=torch.bool),
+    _, cols, _ = run_single_stage(1, spec, Declared(eps=0.03), make("plain"), x, y, torch.ones(3, dtype=torch.bool),
                            grad=None, eot=None, repeats=1, run_seed=0, shard=0, batch_size=3)
     got = {k: cols[k] for k in ("eps", "norm", "iterations", "restarts", "step_size", "schedule", "loss_fn", "queries",
                                 "noise_samples", "eot", "eot_source", "grad_mode", "grad_source")}

@@ -14,14 +14,14 @@ import pandas as pd
 import pytest
 import torch
 
+import harness.run.cascade as run_shards
 import harness.run.runner as runner
-import harness.run.shards as run_shards
+import harness.run.shards as shard_phases
 from conftest import TinyCNN, interrupt_at_shard, write_model_labelled_npz
 from harness import atomic
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
-from harness.run.shards import RunShards
 from harness.store.rundir import FORMAT_VERSION, TIMING_COLUMNS, ResumeMismatchError, RunFormatError, load_records
 from harness.store.status import IncompleteRunError, completeness
 
@@ -356,20 +356,20 @@ def test_bad_shard_slice_is_one_line(text, capsys):
 def test_a_shard_locked_by_another_process_waits_for_it(tiny_data_root, tmp_path, monkeypatch):
     from harness.store.rundir import RunStore
     computed: list[int] = []
-    real = RunShards.run_shard
+    real = shard_phases.compute_shard
     other = RunStore(tmp_path / "locked").shard_lock(1, blocking=True)  # "another process" holds shard 1
     assert other.__enter__() is True
 
-    def record(self, shard, *args, **kwargs):
-        computed.append(shard)
-        if shard == 2:
+    def record(host, work):
+        computed.append(work.shard)
+        if work.shard == 2:
             other.__exit__(None, None, None)  # ... and stops without finishing it
-        return real(self, shard, *args, **kwargs)
+        return real(host, work)
 
-    monkeypatch.setattr(RunShards, "run_shard", record)
+    monkeypatch.setattr(shard_phases, "compute_shard", record)
     runner.run(_cfg(tiny_data_root, tmp_path, run_id="locked"), defense=_tiny())
     assert computed == [0, 2, 1]  # shard 1 skipped while locked, then waited for and computed
-    monkeypatch.setattr(RunShards, "run_shard", real)
+    monkeypatch.setattr(shard_phases, "compute_shard", real)
     ref = runner.run(_cfg(tiny_data_root, tmp_path / "ref", run_id="locked"), defense=_tiny())
     pd.testing.assert_frame_equal(_comparable(load_records(tmp_path / "locked")), _comparable(load_records(ref)))
 

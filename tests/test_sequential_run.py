@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import harness.run.shards as run_shards
 from conftest import TinyCNN, write_model_labelled_npz
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
 from harness.run import runner
-from harness.run.shards import RunShards
 from harness.stats import stopping
 from harness.stats.sequential import Scope
 from harness.store.rundir import TIMING_COLUMNS, load_records
@@ -43,8 +43,8 @@ def _tiny(seed: int = 0) -> Defense:
 
 def test_half_width_run_stops_at_the_first_boundary_where_the_sequence_is_narrow(root, tmp_path, monkeypatch):
     computed: list[int] = []
-    real = RunShards.run_shard
-    monkeypatch.setattr(RunShards, "run_shard", lambda self, s, *a, **k: (computed.append(s), real(self, s, *a, **k)))
+    real = run_shards.compute_shard
+    monkeypatch.setattr(run_shards, "compute_shard", lambda host, work: (computed.append(work.shard), real(host, work))[1])
     run_dir = runner.run(_cfg(root, tmp_path, until="half-width=0.1"), defense=_tiny())
     seq = json.loads((run_dir / "provenance.json").read_text())["sequential"]
     k = seq["shards"]

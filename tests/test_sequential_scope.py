@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import tomli_w
 
+import harness.run.shards as run_shards
 from conftest import TinyCNN, write_model_labelled_npz
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
 from harness.run import runner
-from harness.run.shards import RunShards
 from harness.stats.sequential import Scope, mean_cs
 from harness.stats.stopping import StopRule, check, horizon, ordered_worst, sequence_interval
 from harness.store.rundir import ResumeMismatchError, load_config, load_records
@@ -162,7 +162,7 @@ def test_runs_record_the_scope_and_old_runs_read_as_test_set(root, tmp_path, cap
     with pytest.raises(ResumeMismatchError, match="about"):
         runner.run(_cfg(root, tmp_path, run_id="old"), defense=_tiny())
     computed: list[int] = []
-    monkeypatch.setattr(RunShards, "run_shard", lambda self, s, *a, **k: computed.append(s))
+    monkeypatch.setattr(run_shards, "compute_shard", lambda host, work: computed.append(work.shard))
     runner.run(_cfg(root, tmp_path, run_id="old", about="test-set"), defense=_tiny())
     assert computed == []
 

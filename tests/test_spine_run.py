@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+import harness.run.cascade as run_shards
 import harness.run.runner as runner
-import harness.run.shards as run_shards
 from conftest import TinyCNN, interrupt_at_shard
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
@@ -161,7 +161,7 @@ def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path
     real = run_shards.run_stage
 
     def dies_in_escalation(*args, **kwargs):
-        if kwargs["shard"] == 1 and args[0] >= 2:  # stage index >= 2: an escalated stage
+        if args[2].shard == 1 and args[1].stage >= 2:  # (context, plan, batch, ...): an escalated stage
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 

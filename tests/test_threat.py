@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import harness.run.runner as runner
+from conftest import run_single_stage
 from harness.api.attack import Attack, AttackResult, register_attack
 from harness.api.config import RunConfig
 from harness.api.threat import ThreatModel
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
-from harness.run.stage import run_stage
 from helpers_attacks import attack_batch, make
 
 
@@ -74,7 +74,7 @@ def test_bad_threat_models_are_named():
 def _stage(attack_opts, eps):
     x, y = attack_batch(16)
     spec = AttackSpec("test-cheater", "test-cheater", attack_opts)
-    return x, run_stage(1, spec, spec.build(eps, "Linf"), make("plain"), x, y, torch.ones(16, dtype=torch.bool),
+    return x, run_single_stage(1, spec, spec.build(eps, "Linf"), make("plain"), x, y, torch.ones(16, dtype=torch.bool),
                         grad="full", eot=1, repeats=1, run_seed=0, shard=0, batch_size=8)
 
 
@@ -100,7 +100,7 @@ def test_out_of_bounds_answers_are_clipped_and_flagged():
 def test_honest_attack_is_not_flagged():
     x, y = attack_batch(8)
     spec = AttackSpec("pgd", "pgd", {"steps": 3})
-    outcome, cols, _ = run_stage(1, spec, spec.build(0.1, "Linf"), make("plain"), x, y, torch.ones(8, dtype=torch.bool),
+    outcome, cols, _ = run_single_stage(1, spec, spec.build(0.1, "Linf"), make("plain"), x, y, torch.ones(8, dtype=torch.bool),
                                  grad="full", eot=1, repeats=1, run_seed=0, shard=0, batch_size=8)
     assert not cols["projected"].any()
     assert "threat-model-violation" not in {f.code for f in diagnostics.after_stage(outcome)}

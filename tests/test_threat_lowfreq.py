@@ -15,7 +15,7 @@ import scipy.optimize
 import torch
 
 import harness.run.runner as runner
-from conftest import TinyCNN, synthetic_images
+from conftest import TinyCNN, run_single_stage, synthetic_images
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
@@ -26,7 +26,6 @@ from harness.cli import main
 from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics import escalation
 from harness.errors import UsageError
-from harness.run.stage import run_stage
 from harness.store.rundir import load_records
 
 EPS, BAND = 1.0, 8
@@ -193,7 +192,7 @@ def test_an_attack_leaving_the_band_is_projected_and_flagged() -> None:
         y = net(x).argmax(1)
     spec = AttackSpec("cheat", "test-leaves-the-band")
     threat = LowFrequency(EPS, BAND)
-    outcome, cols, _ = run_stage(1, spec, spec.build(EPS, "L2"), Defense(net, None, num_classes=10), x, y,
+    outcome, cols, _ = run_single_stage(1, spec, spec.build(EPS, "L2"), Defense(net, None, num_classes=10), x, y,
                                  torch.ones(8, dtype=torch.bool), grad=None, eot=None, repeats=1, run_seed=0, shard=0,
                                  batch_size=8, threat=threat)
     assert cols["projected"].all() and set(np.asarray(cols["threat"]).ravel()) == {"lowfreq"}

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.api.attack import Attack
+from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.target import Target
@@ -155,23 +156,28 @@ def describe(name: str, r: Resolved) -> str:
     return line + (f"; not started: {r.skip}" if r.skip else "")
 
 
-def check_battery(specs: list[AttackSpec], defense: Defense, *, eps: float, norm: str, run_grad: str | None,
-                  run_eot: int | None, autocast: str = "none", probe: GradientProbe | None = None,
-                  threat: str = "lp") -> list[tuple[str, Resolved]]:
-    """Build every entry and resolve its settings before any work, so a bad option, a conflicting
-    gradient mode or EOT, an attack that cannot run under ``autocast``, a gradient mode the defense
-    does not offer or an attack made for another kind of ``threat`` model (``Capabilities.threats``) fails at
+def check_threat_kind(spec: AttackSpec, attack: Attack, kind: str) -> None:
+    """Refuse an attack (built from ``spec``) that does not optimize in threat models of ``kind``
+    (``Capabilities.threats``): its answers would be projected into a set it never aimed at."""
+    if kind not in attack.capabilities.threats:
+        made_for = " or ".join(attack.capabilities.threats)
+        raise UsageError(f"attack {spec.name!r} ({spec.attack}) optimizes in {made_for} threat models, not {kind}; under "
+                         f"--threat {kind} use attacks made for it (e.g. --attacks "
+                         f"{'lowfreq' if kind == 'lowfreq' else 'standard'}; docs/threat-models.md)")
+
+
+def check_battery(specs: list[AttackSpec], defense: Defense, config: RunConfig,
+                  probe: GradientProbe | None = None) -> list[tuple[str, Resolved]]:
+    """Build every entry and resolve its settings under the run's ``config`` before any work, so a bad option, a
+    conflicting gradient mode or EOT, an attack that cannot run under the run's autocast, a gradient mode the
+    defense does not offer or an attack made for another kind of threat model (``Capabilities.threats``) fails at
     once. Returns ``(name, resolved)`` per entry (for the log)."""
     out = []
     for spec in specs:
-        attack = spec.build(eps, norm)
-        if threat not in attack.capabilities.threats:
-            made_for = " or ".join(attack.capabilities.threats)
-            raise UsageError(f"attack {spec.name!r} ({spec.attack}) optimizes in {made_for} threat models, not "
-                             f"{threat}; under --threat {threat} use attacks made for it (e.g. --attacks "
-                             f"{'lowfreq' if threat == 'lowfreq' else 'standard'}; docs/threat-models.md)")
-        r = resolve(spec, attack, stochastic=defense.stochastic, run_grad=run_grad, run_eot=run_eot,
-                    autocast=autocast, probe=probe)
+        attack = spec.build(config.eps, config.norm)
+        check_threat_kind(spec, attack, config.threat)
+        r = resolve(spec, attack, stochastic=defense.stochastic, run_grad=config.grad, run_eot=config.eot,
+                    autocast=config.autocast, probe=probe)
         try:
             Target(defense, r.target_grad, r.eot)  # type: ignore[arg-type]
         except ValueError as exc:

@@ -21,6 +21,7 @@ from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
 from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
 from harness.run._acceleration import accelerate, resolve_device
 from harness.run._memory import Batching
+from harness.run.plan import RunContext
 from harness.run.verdict import Verifier, verifier_for
 from harness.sources.datasets import TestSet
 
@@ -34,6 +35,11 @@ class Placed:
     device: torch.device
     preflight: Preflight
     verifier: Verifier
+
+    def context(self, config: RunConfig) -> RunContext:
+        """The run's context for its resolved ``config``: this defense, device, probe, verifier and fresh instances."""
+        return RunContext.build(config, self.defense, self.device, probe=self.preflight.probe, verifier=self.verifier,
+                                stateful=self.preflight.stateful)
 
 
 def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int],
@@ -68,9 +74,7 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
         log.warning("preflight: %s: %s", finding["code"], finding["message"])
     placed = _ready(cfg, defense, pristine, device, pf, recipe)
     log.info("verdict from %s", placed.verifier.kind.value)
-    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps,
-                                        norm=cfg.norm, run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast,
-                                        probe=pf.probe, threat=cfg.threat):
+    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, cfg, pf.probe):
         log.info("%s", describe(name, resolved))
     return placed
 
