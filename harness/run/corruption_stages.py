@@ -51,24 +51,25 @@ _NOT_APPLICABLE: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("save_adversarials", "--save-adversarials", bool), ("autocast", "--autocast", lambda v: v != "none"))
 
 
-def check_config(cfg: RunConfig) -> None:
-    """Refuse options that do not fit the threat model (one line each) and, for a corruptions run, resolve the
-    corruptions and severities (default all) and turn off what only attacks use (escalation, the gradient probe)."""
+def check_config(cfg: RunConfig) -> dict[str, Any]:
+    """Refuse options that do not fit the threat model (one line each); for a corruptions run, the config fields
+    it resolves: the corruptions and severities (default all), and off what only attacks use (escalation, the
+    gradient probe)."""
     if cfg.threat != THREAT:
         given = [flag for flag, v in (("--corruptions", cfg.corruptions), ("--severities", cfg.severities))
                  if v is not None]
         if given:
             raise UsageError(f"{' and '.join(given)} choose the images of --threat corruptions; this run has "
                              f"--threat {cfg.threat} (add --threat corruptions, or drop them)")
-        return
+        return {}
     given = [flag for name, flag, is_given in _NOT_APPLICABLE if is_given(getattr(cfg, name))]
     if given:
         raise UsageError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --threat corruptions: "
                          "it evaluates fixed corrupted images and runs no attack; drop "
                          f"{'it' if len(given) == 1 else 'them'} (accepted: --corruptions, --severities, "
                          "--eval-repeats)")
-    cfg.corruptions, cfg.severities = resolve_choice(cfg.corruptions, cfg.severities)
-    cfg.escalate, cfg.probe_gradients = False, False
+    corruptions, severities = resolve_choice(cfg.corruptions, cfg.severities)
+    return {"corruptions": corruptions, "severities": severities, "escalate": False, "probe_gradients": False}
 
 
 @dataclass

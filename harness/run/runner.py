@@ -33,7 +33,7 @@ from harness.progress import get_logger, shard_text
 from harness.run import corruption_stages
 from harness.run._memory import Batching, resumed_size
 from harness.run._placement import place_and_check
-from harness.run.data import open_data
+from harness.run.data import open_data, preprocessing
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
 from harness.run.phases import ATTACKS, ESCALATION, Phase, PhaseKind
@@ -62,6 +62,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
     # the config schema again: fields may have been set after construction
     check_values(vars(cfg), source=None, front=front)
     band = ThreatSpec.from_config(cfg).band  # a threat model that does not fit (lowfreq under Linf) fails here
+    cfg = dataclasses.replace(cfg, band=band, **preprocessing(cfg))  # the user's config itself stays as written
     if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
         torch.set_num_threads(cfg.threads)
     if defense is None:
@@ -74,10 +75,11 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
         log.warning(warning)
     indices = select_indices(len(data), cfg.n, cfg.seed if cfg.sample_seed is None else cfg.sample_seed, cfg.indices)
     _check_not_fitted_on(cfg, defense, indices)
-    corruption_stages.check_config(cfg)  # --threat corruptions: no battery, the corruptions resolved
+    # --threat corruptions: no battery, the corruptions resolved
+    cfg = dataclasses.replace(cfg, **corruption_stages.check_config(cfg))
     if cfg.about is not None and cfg.until is None:
         raise UsageError(f"--about {cfg.about} says what the confidence sequence of --until is about; it goes with --until")
-    resolved: dict[str, Any] = {"band": band, "eval_repeats": cfg.eval_repeats}
+    resolved: dict[str, Any] = {}
     if cfg.until is not None or cfg.against is not None:
         StopRule.parse(cfg.until or "", cfg.against)  # a bad rule fails before any work
         indices = sequence_order(indices, cfg.seed)

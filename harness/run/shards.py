@@ -17,7 +17,7 @@ from harness.run.phases import ATTACKS, Phase, PhaseKind
 from harness.run.plan import RunContext, StagePlan
 from harness.run.probe import ProbePlan, extend_shard, plan_probe, split_probed
 from harness.sources.datasets import DataSource
-from harness.store.rundir import RunStore
+from harness.store.rundir import RunStore, stage_names
 from harness.store.shards import ShardJob, each_shard
 
 log = get_logger("runner")
@@ -106,8 +106,7 @@ class RunShards:
                     lambda s, idx: compute_shard(self, ShardWork(s, idx, self.plans(lead, 1))))
         if phase.kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
             return self._probe_steps(phase, base[phase.stage - 1])
-        escalations = self.context.escalations
-        full = ["clean"] + [b.name for b in base] + [e.name for e in escalations]
+        escalations, full = self.context.escalations, stage_names(self.context.config)
 
         def escalate(s: int, idx: list[int]) -> list[dict[str, Any]]:
             prior = self.store.read_shard(s)
