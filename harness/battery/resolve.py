@@ -149,6 +149,9 @@ def resolve(spec: AttackSpec, attack: Attack, *, stochastic: bool, run_grad: str
                     skip=skip)
 
 
+SUGGESTED = {"lp": "standard", "lowfreq": "lowfreq"}  # the battery a refusal suggests per kind (else: plain pgd)
+
+
 def describe(name: str, r: Resolved) -> str:
     """One log line: ``apgd-ce: grad full (default), EOT 20 (default)`` (and why it will not start, if so)."""
     line = f"{name}: grad {r.grad_mode} ({r.grad_source}), EOT {r.eot} ({r.eot_source})"
@@ -165,11 +168,11 @@ def check_battery(specs: list[AttackSpec], defense: Defense, *, eps: float, norm
     out = []
     for spec in specs:
         attack = spec.build(eps, norm)
-        if threat not in attack.capabilities.threats:
+        if not attack.capabilities.serves(threat):
             made_for = " or ".join(attack.capabilities.threats)
             raise UsageError(f"attack {spec.name!r} ({spec.attack}) optimizes in {made_for} threat models, not "
                              f"{threat}; under --threat {threat} use attacks made for it (e.g. --attacks "
-                             f"{'lowfreq' if threat == 'lowfreq' else 'standard'}; docs/threat-models.md)")
+                             f"{SUGGESTED.get(threat, 'pgd')}; docs/threat-models.md)")
         r = resolve(spec, attack, stochastic=defense.stochastic, run_grad=run_grad, run_eot=run_eot,
                     autocast=autocast, probe=probe)
         try:

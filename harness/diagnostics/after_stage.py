@@ -76,7 +76,8 @@ def after_stage(outcome: Any) -> list[Flag]:
                 specs = escalation.rules(flag.code, spec=outcome.spec, attack=outcome.attack,
                                          has_purifier=ctx.defense.purifier is not None, grad_mode=ctx.grad_mode,
                                          stochastic=ctx.defense.stochastic, has_aux=ctx.has_aux,
-                                         has_surrogate=ctx.defense.has_surrogate, eot=ctx.eot, value=flag.value)
+                                         has_surrogate=ctx.defense.has_surrogate, eot=ctx.eot, value=flag.value,
+                                         threat=outcome.threat.kind if outcome.threat is not None else None)
                 flag.escalate = escalation.buildable(specs, outcome.attack.eps, outcome.attack.norm)
                 flags.append(flag)
     return flags

@@ -57,7 +57,7 @@ def stage_threat(attack: Attack, defense: Defense, threat: Threat | None) -> Thr
     run's kind of threat model is refused."""
     if threat is None:
         return attack.threat_model(defense.bounds)
-    if threat.kind not in attack.capabilities.threats:
+    if not attack.capabilities.serves(threat.kind):
         raise UsageError(f"attack {attack.name!r} optimizes in {' or '.join(attack.capabilities.threats)} threat models, "
                          f"not {threat.kind}; under --threat {threat.kind} use an attack made for it "
                          "(docs/threat-models.md)")

@@ -15,7 +15,7 @@ from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.frontend import FrontEnd
 from harness.api.threatbuild import build_threat
-from harness.api.threatspec import PERTURBATION_KINDS, ThreatSpec
+from harness.api.threatspec import ThreatSpec, perturbation_kinds
 from harness.battery.resolve import GradientProbe, resolve
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
@@ -55,7 +55,7 @@ class RunShards:
         self.corrupted: Any = None  # a --threat corruptions run's images (harness.run.corruption_stages.Corrupted)
         # the threat model every stage enforces, built from the config (not from what an attack says)
         spec = ThreatSpec.from_config(cfg)
-        self.threat = build_threat(spec, defense.bounds) if spec.kind in PERTURBATION_KINDS else None
+        self.threat = build_threat(spec, defense.bounds) if spec.kind in perturbation_kinds() else None
         self.defer_probes = defer_probes  # probed stages wait for their phases (False: run as any stage, for --estimate)
         self.show_bars = bars_enabled(cfg.quiet, anywhere=front is FrontEnd.API)  # progress bars, else log lines
         self.progress = StageLog(log, enabled=not cfg.quiet and not self.show_bars)
