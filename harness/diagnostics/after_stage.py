@@ -264,7 +264,10 @@ def check_noise(c: Evidence) -> Flag | None:
     broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     control = torch.zeros_like(broken)
     for _ in range(NOISE_TRIES):
-        broken |= ~correct(t.predict(threat.noise(x), c.draws), y)
+        noise = threat.noise(x)
+        if noise is None:  # a threat model without random points of its size (Threat.noise)
+            return None
+        broken |= ~correct(t.predict(noise, c.draws), y)
         if c.defense.stochastic:
             control |= ~correct(t.predict(xa, c.draws), y)
     up, down = int((broken & ~control).sum()), int((control & ~broken).sum())
