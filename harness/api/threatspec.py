@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from harness.api.schema import Rule, number_or_fraction, problem
 from harness.errors import UsageError
 
-if TYPE_CHECKING:
-    from harness.api.threat import Threat
-
-# builds a kind's set from its spec and the defense's input bounds
-Builder = Callable[["ThreatSpec", tuple[float, float]], "Threat"]
+# builds a kind's set (a harness.api.threat.Threat, which imports this module: not named here) from its spec and the
+# defense's input bounds
+Builder = Callable[["ThreatSpec", tuple[float, float]], Any]
 
 
 @dataclass(frozen=True)
