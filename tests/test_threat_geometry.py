@@ -16,6 +16,7 @@ from torch import Tensor
 import harness
 import harness.run.runner as runner
 from conftest import TinyCNN
+from harness.api import register_threat
 from harness.api.attack import create_attack
 from harness.api.config import RunConfig, check_values
 from harness.api.defense import Defense
@@ -23,7 +24,7 @@ from harness.api.lowfreq import LowFrequency
 from harness.api.target import Target
 from harness.api.threat import TOLERANCE, Norm, Threat, ThreatModel
 from harness.api.threatbuild import build_threat
-from harness.api.threatspec import ThreatSpec, register_threat, threat_kinds
+from harness.api.threatspec import ThreatSpec, threat_kinds
 from harness.cli import main
 from harness.errors import ConfigError
 from harness.store.rundir import load_records
