@@ -82,8 +82,7 @@ RUN_HELP: dict[str, str] = {
              "difference to --against RUN excludes 0) [default: evaluate all --n]",
     "against": "run directory that --until decided compares with (same --n, --seed and --until order)",
     "threat": "threat model: lp (the --norm ball of radius --eps), lowfreq (low-frequency perturbations) or "
-              "corruptions (common corruptions, no optimization), or a kind a plugin registered "
-              "(harness.api.threatspec.register_threat); docs/threat-models.md [default: lp]",
+              "corruptions (common corruptions, no optimization); docs/threat-models.md [default: lp]",
     "band": "with --threat lowfreq: the DCT band, perturbations in the frequencies max(u, v) < BAND of each channel "
             "(8 of 32 on CIFAR-10: 1/16 of the dimensions) [default: 8]",
     "corruptions": "with --threat corruptions: the CIFAR-10-C corruptions to evaluate, separated by commas, e.g. "
