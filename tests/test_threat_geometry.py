@@ -140,6 +140,24 @@ def test_pgd_in_the_lp_ball_steps_as_its_own_ball_with_or_without_the_run_threat
     assert LowFrequency(8 / 255, 4).contains(x, band.x_adv).all() and not torch.equal(band.x_adv, alone.x_adv)
 
 
+@pytest.mark.parametrize("name, options, passes", [("pgd", {"steps": 5}, (7, 5)), ("apgd-ce", {"steps": 5}, (8, 5)),
+                                                   ("square", {"queries": 20}, (22, 0))])
+def test_the_attacks_spend_their_budget_in_the_band(name, options, passes) -> None:
+    """At eps 0 nothing breaks, so each attack spends its whole budget: its iterations or queries, one more
+    evaluation of its answers, and the stage's own (passes per sample: classifier forward, backward)."""
+    from harness.battery.spec import AttackSpec
+    from harness.run.stage import run_stage
+    from helpers_attacks import attack_batch, make
+
+    x, y = attack_batch(4)
+    spec = AttackSpec(name, name, options)
+    outcome, cols, _ = run_stage(1, spec, spec.build(0.0, "L2"), make("plain"), x, y, torch.ones(4, dtype=torch.bool),
+                                 grad=None, eot=None, repeats=1, run_seed=0, shard=0, batch_size=8,
+                                 threat=LowFrequency(0.0, 4))
+    assert (cols["classifier_forward"].mean(), cols["classifier_backward"].mean()) == passes
+    assert not cols["projected"].any() and torch.equal(outcome.x_adv, x)
+
+
 # -- a new kind of threat model is one file --------------------------------------------------------------------------
 MASKED = "test-masked-linf"
 SIDE = 16  # the perturbation may touch the top-left SIDE x SIDE pixels of each channel
