@@ -24,10 +24,6 @@ OPTIONS = {
     "square": dict(queries=20), "rays": dict(queries=20), "transfer": dict(steps=3), "bpda-eot": dict(steps=3),
     "pgd200-eot20": dict(steps=3), "cw-l2": dict(steps=3), "deepfool": dict(steps=3), "autoattack": {},
     "autoattack-standard": {}, "autoattack-rand": {}, "torchattack": dict(cls="FGSM"), "joint-rec": dict(steps=3),
-    "pgd-lowfreq": dict(steps=3, eps=0.5, norm="L2", band=4), "apgd-lowfreq": dict(steps=3, eps=0.5, norm="L2", band=4),
-    "apgd-lowfreq-ce": dict(steps=3, eps=0.5, norm="L2", band=4),
-    "apgd-lowfreq-dlr": dict(steps=3, eps=0.5, norm="L2", band=4),
-    "square-lowfreq": dict(queries=20, eps=0.5, norm="L2", band=4),
 }
 BUILT_IN = sorted(OPTIONS)
 

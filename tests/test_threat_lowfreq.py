@@ -152,8 +152,8 @@ def _tiny_cfg(root, out, **kw) -> RunConfig:
 
 
 def test_every_lowfreq_adversarial_of_a_run_lies_in_its_set(tiny_data_root, tmp_path) -> None:
-    cfg = _tiny_cfg(tiny_data_root, tmp_path, eps=4.0, attacks="pgd-lowfreq,apgd-lowfreq-ce,square-lowfreq",
-                    attack_opts={"pgd-lowfreq.steps": 5, "apgd-lowfreq-ce.steps": 5, "square-lowfreq.queries": 30},
+    cfg = _tiny_cfg(tiny_data_root, tmp_path, eps=4.0, attacks="pgd,apgd-ce,square",
+                    attack_opts={"pgd.steps": 5, "apgd-ce.steps": 5, "square.queries": 30},
                     save_adversarials=True, every_attack=True)
     run_dir = runner.run(cfg, defense=Defense(TinyCNN().eval(), None, num_classes=10, name="tiny"))
     df = load_records(run_dir)
@@ -218,10 +218,10 @@ def test_a_run_enforces_its_own_threat_model_not_the_attacks(tiny_data_root, tmp
 
 def test_l_p_attacks_and_mismatched_options_are_refused_in_one_line(tiny_data_root, tmp_path) -> None:
     net = Defense(TinyCNN().eval(), None, num_classes=10, name="tiny")
-    with pytest.raises(UsageError, match=r"attack 'apgd-ce' \(apgd-ce\) optimizes in lp threat models, not lowfreq"):
-        runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, attacks="apgd-ce"), net)
+    with pytest.raises(UsageError, match=r"attack 'apgd-t' \(apgd-t\) optimizes in lp threat models, not lowfreq"):
+        runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, attacks="apgd-t"), net)
     with pytest.raises(UsageError, match="threat lowfreq bounds the l2 norm.*--norm L2.*got Linf"):
-        runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, norm="Linf", attacks="pgd-lowfreq"), net)
+        runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, norm="Linf", attacks="pgd"), net)
     with pytest.raises(UsageError, match="band 4 applies to threat lowfreq only"):
         runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, threat="lp", band=4, attacks="pgd"), net)
     with pytest.raises(UsageError, match="band 40 exceeds the image side 32"):
@@ -229,17 +229,19 @@ def test_l_p_attacks_and_mismatched_options_are_refused_in_one_line(tiny_data_ro
 
 
 def test_escalations_under_lowfreq_are_attacks_made_for_the_band() -> None:
-    attack = AttackSpec("pgd-lowfreq", "pgd-lowfreq").build(EPS, "L2")
-    spec = AttackSpec("pgd-lowfreq", "pgd-lowfreq")
-    kw = dict(spec=spec, attack=attack, grad_mode="full", stochastic=True, has_aux=False, has_surrogate=True, eot=20)
+    spec = AttackSpec("pgd", "pgd")
+    kw = dict(spec=spec, attack=spec.build(EPS, "L2"), grad_mode="full", stochastic=True, has_aux=False,
+              has_surrogate=True, eot=20, threat="lowfreq")
     specs = escalation.rules("zero-grad", has_purifier=True, **kw) + escalation.rules("noise-beats-attack",
                                                                                      has_purifier=False, **kw)
-    assert {s["attack"] for s in specs} == {"pgd-lowfreq", "square-lowfreq"}
-    assert {s["name"] for s in specs} >= {"esc-pgd-lowfreq-bpda-eot", "esc-pgd-lowfreq-surrogate", "esc-square-lowfreq"}
-    bpda = next(s for s in specs if s["name"] == "esc-pgd-lowfreq-bpda-eot")
-    assert bpda["options"]["grad"] == "bpda" and bpda["options"]["eot"] == 20
-    assert all("lowfreq" in AttackSpec.from_dict(s).build(EPS, "L2").capabilities.threats
+    assert {s["attack"] for s in specs} == {"bpda-eot", "pgd", "square"}
+    assert {s["name"] for s in specs} >= {"esc-bpda-eot", "esc-pgd-surrogate", "esc-square"}
+    bpda = next(s for s in specs if s["name"] == "esc-bpda-eot")
+    assert bpda["options"]["eot"] == 20
+    assert all(AttackSpec.from_dict(s).build(EPS, "L2").capabilities.serves("lowfreq")
                for s in escalation.buildable(specs, EPS, "L2"))
+    rays = escalation.for_threat([{"name": "esc-rays", "attack": "rays"}], "lowfreq")
+    assert rays == []  # an attack made for the l_p balls only is dropped
 
 
 # -- reports and compare refuse mixing threat models ----------------------------------------------------------------
@@ -291,7 +293,7 @@ def test_threats_command_gives_one_table_over_threat_models(tiny_data_root, tmp_
     args = ["threats", "--defense", f"{factory}:make", "--data-root", str(tiny_data_root), "--out",
             str(tmp_path / "runs"), "--n", "8", "--device", "cpu", "--quiet", "--no-escalate", "--shard-size", "8",
             "--threat", "Linf:8/255:attacks=pgd", "--threat", "L2:1:attacks=pgd",
-            "--threat", "lowfreq:L2:1:band=4:attacks=pgd-lowfreq", "--attack-opt", "steps=2"]
+            "--threat", "lowfreq:L2:1:band=4:attacks=pgd", "--attack-opt", "steps=2"]
     assert main(args) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "threat model" not in line]
@@ -310,10 +312,8 @@ def test_the_lowfreq_preset_holds_attacks_made_for_the_band() -> None:
     from harness.battery.presets import resolve_battery
 
     attacks = [s.build(EPS, "L2") for s in resolve_battery("lowfreq")]
-    assert [a.name for a in attacks] == ["apgd-lowfreq", "apgd-lowfreq", "square-lowfreq"]
-    assert all(a.capabilities.threats == ("lowfreq",) and a.norm == "L2" for a in attacks)
-    with pytest.raises(UsageError, match="norm must be L2"):
-        resolve_battery("lowfreq")[0].build(8 / 255, "Linf")
+    assert [a.name for a in attacks] == ["apgd", "apgd", "square"]
+    assert all(a.capabilities.serves("lowfreq") and a.norm == "L2" for a in attacks)
 
 
 def test_threat_specs_parse_and_refuse_in_one_line() -> None:

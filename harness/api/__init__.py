@@ -6,6 +6,7 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.api.attack`      -- ``Attack`` (the base class enforces the threat model), its registry.
 - :mod:`harness.api.threat`      -- ``Threat`` (what the harness asks a threat model) and ``ThreatModel`` (the norm ball).
 - :mod:`harness.api.lowfreq`     -- ``LowFrequency``: an l2 ball restricted to a low-frequency DCT band.
+- :mod:`harness.api.threatspec`  -- a threat model as plain data, and ``register_threat``: a new kind of threat model.
 - :mod:`harness.api.target`      -- gradients under a gradient mode, batched EOT, budget counting.
 - :mod:`harness.api.losses`      -- per-sample attack losses (cross-entropy, margin, DLR).
 - :mod:`harness.api.evaluation`  -- a defense's outputs as predictions (non-finite and tied outputs are never correct).
@@ -33,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["Registry", "RegistryError"], "harness.api.registry"),
     "Target": "harness.api.target",
     **dict.fromkeys(["Threat", "ThreatModel"], "harness.api.threat"),
+    "register_threat": "harness.api.threatspec",
     "LowFrequency": "harness.api.lowfreq",
     **dict.fromkeys(["ConfigError", "DataError", "HarnessError", "MissingInputError", "SetupError", "UsageError"],
                     "harness.errors"),
@@ -42,7 +44,7 @@ __all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", 
            "Registry", "RegistryError", "RunConfig", "SetupError", "SmoothingNoise", "Target", "Threat", "ThreatModel",
            "UsageError",
            "create_attack", "create_defense", "get_loss", "list_attacks", "list_defenses", "register_attack",
-           "register_defense"]
+           "register_defense", "register_threat"]
 
 if TYPE_CHECKING:
     from harness.api.attack import (
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from harness.api.registry import Registry, RegistryError
     from harness.api.target import Target
     from harness.api.threat import Threat, ThreatModel
+    from harness.api.threatspec import register_threat
     from harness.errors import ConfigError, DataError, HarnessError, MissingInputError, SetupError, UsageError
 
 

@@ -38,6 +38,9 @@ class AttackResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+ANY_THREAT = "any"  # in Capabilities.threats: every kind of threat model with a set of perturbations
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an attack can do; read by the resolver (``harness.battery.resolve``), the stage and escalation.
@@ -52,7 +55,9 @@ class Capabilities:
     ones). ``supports_autocast``: it runs under ``torch.autocast`` (bfloat16); the harness refuses
     the others with ``--autocast bf16``. ``effort_option``: the option that sets its iterations or
     queries (escalation multiplies it; ``None``: none). ``threats``: the kinds of threat model whose set it
-    optimizes in (``harness.api.threat.Threat.kind``); a run of another kind refuses it.
+    optimizes in (``harness.api.threat.Threat.kind``), or :data:`ANY_THREAT` for an attack that searches with the
+    run's threat model's geometry only (``Attack.geometry``: random start, ascent direction, projection), which
+    serves every kind with a set of perturbations; a run of another kind refuses it (:meth:`serves`).
     """
     uses_gradients: bool = True
     returns_failed_input: bool = False
@@ -62,6 +67,10 @@ class Capabilities:
     supports_autocast: bool = False
     effort_option: Optional[str] = None
     threats: tuple[str, ...] = ("lp",)
+
+    def serves(self, kind: str) -> bool:
+        """Whether the attack optimizes in threat models of ``kind``."""
+        return kind in self.threats or ANY_THREAT in self.threats
 
     def __post_init__(self) -> None:
         if not self.threats:
@@ -138,6 +147,15 @@ class Attack(ABC):
         """The set this attack's own options describe (the ``norm`` ball of radius ``eps``); a stage run without
         the run's threat model (``harness.run.stage.run_stage`` called on its own) enforces this one."""
         return ThreatModel(self.norm, self.eps, bounds)
+
+    def geometry(self, target: Target) -> Threat:
+        """The set this attack searches, whose geometry it steps with (``Threat.random_start``, ``ascent``,
+        ``move``): its own (:meth:`threat_model`) when the run has none (a stage run on its own) or when the run's is
+        of the same kind (for the ℓp balls: this attack's ``norm`` and ``eps``, as the run resolved them); else the
+        run's threat model (``target.threat``) at this attack's ``eps``."""
+        own = self.threat_model(target.bounds)
+        run = target.threat
+        return own if run is None or run.kind == own.kind else run.with_eps(self.eps)
 
     def effort(self) -> int | None:
         """This attack's iterations or queries (the value of its ``effort_option``); None when it has none."""

@@ -23,6 +23,7 @@ import tomli_w
 from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
+from harness.api.threatspec import threat_problem
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
 from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem, parse_dataset
@@ -64,8 +65,8 @@ class RunConfig:
     norm: str = "Linf"
     # run although eps reaches the centre of the input box from every image (check_eps refuses it otherwise)
     allow_large_eps: bool = False
-    # the threat model: "lp" (the norm ball of radius eps), "lowfreq" (a low-frequency band of perturbations),
-    # "corruptions" (fixed common corruptions, no optimization)
+    # the threat model, a registered kind (harness.api.threatspec.register_threat): "lp" (the norm ball of radius
+    # eps), "lowfreq" (a low-frequency band of perturbations), "corruptions" (fixed common corruptions, no optimization)
     threat: str = "lp"
     # --threat lowfreq: the DCT band, frequencies max(u, v) < band of each channel (None: not given, 8 under lowfreq;
     # harness.api.threatspec)
@@ -145,7 +146,6 @@ RULES: dict[str, Rule] = {
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
     "norm": Rule(choices=("Linf", "L2", "L1")),
-    "threat": Rule(choices=("lp", "lowfreq", "corruptions")),
     "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),
     "decide_by": Rule(choices=("all", "majority", "mean")),
@@ -159,7 +159,7 @@ RULES: dict[str, Rule] = {
 
 
 # values a rule cannot say: checked by the parser of their own syntax (a message such as Rule's, or None)
-PARSED: dict[str, Callable[[Any], str | None]] = {"dataset": dataset_problem}
+PARSED: dict[str, Callable[[Any], str | None]] = {"dataset": dataset_problem, "threat": threat_problem}
 
 
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:

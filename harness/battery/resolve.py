@@ -150,6 +150,9 @@ def resolve(spec: AttackSpec, attack: Attack, *, stochastic: bool, run_grad: str
                     skip=skip)
 
 
+SUGGESTED = {"lp": "standard", "lowfreq": "lowfreq"}  # the battery a refusal suggests per kind (else: plain pgd)
+
+
 def describe(name: str, r: Resolved) -> str:
     """One log line: ``apgd-ce: grad full (default), EOT 20 (default)`` (and why it will not start, if so)."""
     line = f"{name}: grad {r.grad_mode} ({r.grad_source}), EOT {r.eot} ({r.eot_source})"
@@ -159,11 +162,11 @@ def describe(name: str, r: Resolved) -> str:
 def check_threat_kind(spec: AttackSpec, attack: Attack, kind: str) -> None:
     """Refuse an attack (built from ``spec``) that does not optimize in threat models of ``kind``
     (``Capabilities.threats``): its answers would be projected into a set it never aimed at."""
-    if kind not in attack.capabilities.threats:
+    if not attack.capabilities.serves(kind):
         made_for = " or ".join(attack.capabilities.threats)
         raise UsageError(f"attack {spec.name!r} ({spec.attack}) optimizes in {made_for} threat models, not {kind}; under "
-                         f"--threat {kind} use attacks made for it (e.g. --attacks "
-                         f"{'lowfreq' if kind == 'lowfreq' else 'standard'}; docs/threat-models.md)")
+                         f"--threat {kind} use attacks made for it (e.g. --attacks {SUGGESTED.get(kind, 'pgd')}; "
+                         "docs/threat-models.md)")
 
 
 def check_battery(specs: list[AttackSpec], defense: Defense, config: RunConfig,

@@ -11,6 +11,7 @@ from typing import Any
 
 from harness.api.config import RULES, RunConfig
 from harness.api.frontend import FrontEnd
+from harness.api.threatspec import threat_kinds
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
 from harness.errors import UsageError
 from harness.sources.catalog import parse_indices
@@ -114,7 +115,8 @@ def _integers(text: str) -> list[int]:
 _TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str, "indices": _indices, "corruptions": _names,
                           "severities": _integers}
 _METAVARS = {"defense_opts": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN",
-             "indices": "FILE|LIST", "corruptions": "NAME,...", "severities": "S,...", "about": "|".join(RULES["about"].choices)}
+             "indices": "FILE|LIST", "corruptions": "NAME,...", "severities": "S,...", "about": "|".join(RULES["about"].choices),
+             "threat": "|".join(threat_kinds())}
 _SCHEMA_CHECKED = {"about"}  # choices checked by the schema after parsing (a one-line error), not by argparse
 
 

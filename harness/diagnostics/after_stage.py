@@ -76,7 +76,8 @@ def after_stage(outcome: Any) -> list[Flag]:
                 specs = escalation.rules(flag.code, spec=outcome.spec, attack=outcome.attack,
                                          has_purifier=ctx.defense.purifier is not None, grad_mode=ctx.grad_mode,
                                          stochastic=ctx.defense.stochastic, has_aux=ctx.has_aux,
-                                         has_surrogate=ctx.defense.has_surrogate, eot=ctx.eot, value=flag.value)
+                                         has_surrogate=ctx.defense.has_surrogate, eot=ctx.eot, value=flag.value,
+                                         threat=outcome.threat.kind if outcome.threat is not None else None)
                 flag.escalate = escalation.buildable(specs, outcome.attack.eps, outcome.attack.norm)
                 flags.append(flag)
     return flags
@@ -263,7 +264,10 @@ def check_noise(c: Evidence) -> Flag | None:
     broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     control = torch.zeros_like(broken)
     for _ in range(NOISE_TRIES):
-        broken |= ~correct(t.predict(threat.noise(x), c.draws), y)
+        noise = threat.noise(x)
+        if noise is None:  # a threat model without random points of its size (Threat.noise)
+            return None
+        broken |= ~correct(t.predict(noise, c.draws), y)
         if c.defense.stochastic:
             control |= ~correct(t.predict(xa, c.draws), y)
     up, down = int((broken & ~control).sum()), int((control & ~broken).sum())

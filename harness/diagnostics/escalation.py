@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from harness.api.attack import ATTACKS, Attack
+from harness.api.attack import ANY_THREAT, ATTACKS, Attack, create_attack
 from harness.api.flags import GRADIENT_FLAGS, FlagCode
 from harness.battery.presets import ESCALATION_PREFIX
 
@@ -114,37 +114,27 @@ def gradient_free(stochastic: bool, norm: str) -> list[dict[str, Any]]:
     return out
 
 
-# under a low-frequency threat model each escalation runs its counterpart that optimizes in the band (attack, options
-# to add, and the name that replaces the attack's in the escalation's name); escalations without one (RayS,
-# joint-rec, transfer) are dropped
-LOWFREQ_COUNTERPARTS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "bpda-eot": ("pgd-lowfreq", {"steps": 100, "grad": "bpda"}, "pgd-lowfreq-bpda-eot"),
-    "pgd": ("pgd-lowfreq", {}, "pgd-lowfreq"), "apgd-dlr": ("apgd-lowfreq-dlr", {}, "apgd-lowfreq-dlr"),
-    "apgd-ce": ("apgd-lowfreq-ce", {}, "apgd-lowfreq-ce"), "square": ("square-lowfreq", {}, "square-lowfreq"),
-}
-
-
 def threat_kind(attack: Attack) -> str:
     """The kind of threat model an attack optimizes in (``lp`` when it serves several)."""
     kinds = attack.capabilities.threats
-    return "lp" if "lp" in kinds else kinds[0]
+    return "lp" if "lp" in kinds or ANY_THREAT in kinds else kinds[0]
 
 
 def for_threat(specs: list[dict[str, Any]], kind: str, own: str | None = None) -> list[dict[str, Any]]:
-    """Escalation specs for a run of threat-model ``kind``: unchanged for ``lp``; for ``lowfreq`` each attack's
-    counterpart in the band (:data:`LOWFREQ_COUNTERPARTS`; ``esc-apgd-dlr`` becomes ``esc-apgd-lowfreq-dlr``) with the
-    escalation's options, and the flagged stage's own attack ``own`` (more iterations or EOT draws of it)."""
-    if kind != "lowfreq":
+    """Escalation specs for a run of threat-model ``kind``: unchanged for ``lp``; for another kind the specs whose
+    attack optimizes in it (``Capabilities.serves``: e.g. pgd, bpda-eot, apgd and square under ``lowfreq``, where the
+    run's threat model gives them its geometry) and the flagged stage's own attack ``own``; the others are dropped."""
+    if kind == "lp":
         return specs
-    out = []
-    for spec in specs:
-        if spec["attack"] == own:
-            out.append(spec)
-        elif spec["attack"] in LOWFREQ_COUNTERPARTS:
-            attack, extra, name = LOWFREQ_COUNTERPARTS[spec["attack"]]
-            out.append({**spec, "name": spec["name"].replace(spec["attack"], name, 1), "attack": attack,
-                        "options": {**extra, **spec.get("options", {})}})
-    return out
+    return [spec for spec in specs if spec["attack"] == own or _serves(spec["attack"], kind)]
+
+
+def _serves(name: str, kind: str) -> bool:
+    """Whether the registered attack ``name`` (with its default options) optimizes in threat models of ``kind``."""
+    try:
+        return create_attack(name).capabilities.serves(kind)
+    except (TypeError, ValueError, LookupError):
+        return False
 
 
 def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[str, Any]]:
@@ -163,13 +153,14 @@ def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[s
 
 
 def rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad_mode: str, stochastic: bool,
-          has_aux: bool, has_surrogate: bool = False, eot: int = 1, value: float = math.nan) -> list[dict[str, Any]]:
+          has_aux: bool, has_surrogate: bool = False, eot: int = 1, value: float = math.nan,
+          threat: str | None = None) -> list[dict[str, Any]]:
     """Escalation specs for a flag ``code`` raised on the stage ``spec``/``attack``, which ran with
-    ``grad_mode`` and ``eot`` (empty: none applies), for the kind of threat model ``attack`` optimizes in
-    (:func:`for_threat`)."""
+    ``grad_mode`` and ``eot`` (empty: none applies), for the run's kind of ``threat`` model (None: the kind
+    ``attack`` optimizes in; :func:`for_threat`)."""
     return for_threat(_rules(code, spec=spec, attack=attack, has_purifier=has_purifier, grad_mode=grad_mode,
                              stochastic=stochastic, has_aux=has_aux, has_surrogate=has_surrogate, eot=eot, value=value),
-                      threat_kind(attack), getattr(spec, "attack", None))
+                      threat or threat_kind(attack), getattr(spec, "attack", None))
 
 
 def _rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad_mode: str, stochastic: bool,

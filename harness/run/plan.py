@@ -22,7 +22,7 @@ from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.threat import Threat
 from harness.api.threatbuild import build_threat
-from harness.api.threatspec import PERTURBATION_KINDS, ThreatSpec
+from harness.api.threatspec import ThreatSpec, perturbation_kinds
 from harness.battery.resolve import GradientProbe, Resolved, check_threat_kind, resolve
 from harness.battery.spec import AttackSpec
 from harness.run.verdict import Verifier
@@ -49,7 +49,7 @@ class RunContext:
         """The context of a run whose ``config`` is resolved (``harness.run.runner.prepare``); a ``stateful``
         defense is queried on a fresh instance per pass (from ``verifier``)."""
         spec = ThreatSpec.from_config(config)
-        threat = build_threat(spec, defense.bounds) if spec.kind in PERTURBATION_KINDS else None
+        threat = build_threat(spec, defense.bounds) if spec.kind in perturbation_kinds() else None
         fresh = verifier.instances()[1] if verifier is not None and stateful else None
         return cls(config, defense, device, threat, probe, verifier, fresh)
 
