@@ -22,7 +22,7 @@ class BPDAEOT(PGD):
     """PGD that always runs BPDA gradients (its capabilities say so; the resolver enforces it)."""
 
     name = "bpda-eot"
-    capabilities = Capabilities(fixed_grad_mode="bpda", supports_autocast=True, effort_option="steps")
+    capabilities = Capabilities(fixed_grad_mode="bpda", supports_autocast=True, effort_option="steps", priority=0)
 
 
 register_attack("bpda-eot")(Variant(

@@ -137,4 +137,4 @@ register_attack("apgd-lowfreq-ce")(Variant(
     APGDLowFrequency, "APGD in the low-frequency band on the cross-entropy loss.", fixed={"loss": "ce"}))
 register_attack("apgd-lowfreq-dlr")(Variant(
     APGDLowFrequency, "APGD in the low-frequency band on the DLR loss (invariant to logit scaling).",
-    fixed={"loss": "dlr"}))
+    fixed={"loss": "dlr"}, capabilities={"scale_invariant": True, "priority": 20}))

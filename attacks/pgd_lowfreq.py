@@ -34,7 +34,7 @@ class PGDLowFrequency(PGD):
     """
 
     name = "pgd-lowfreq"
-    capabilities = Capabilities(supports_autocast=True, effort_option="steps", threats=("lowfreq",))
+    capabilities = Capabilities(supports_autocast=True, effort_option="steps", threats=("lowfreq",), priority=10)
 
     def __init__(self, *, eps: float = 1.0, norm: Norm = "L2", band: int | None = None, steps: int = 10,
                  restarts: int = 1, step_size: float | None = None, schedule: str = "constant", loss: str = "ce",

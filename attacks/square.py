@@ -34,7 +34,8 @@ class Square(Attack):
     """
 
     name = "square"
-    capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries")
+    capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries",
+                                priority=10)
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", queries: int = 5000, p_init: float = 0.8,
                  restarts: int = 1, loss: str = "margin", rescale_schedule: bool = False) -> None:

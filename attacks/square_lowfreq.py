@@ -49,7 +49,7 @@ class SquareLowFrequency(Attack):
 
     name = "square-lowfreq"
     capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True,
-                                effort_option="queries", threats=("lowfreq",))
+                                effort_option="queries", threats=("lowfreq",), priority=10)
 
     def __init__(self, *, eps: float = 1.0, norm: Norm = "L2", band: int | None = None, queries: int = 5000,
                  p_init: float = 0.8, loss: str = "margin") -> None:

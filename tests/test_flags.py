@@ -11,12 +11,14 @@ import pytest
 from harness.api.flags import FlagCode, check_codes, parse_code
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import escalation
+from harness.diagnostics.evidence import Setting
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_every_code_raised_in_the_source_is_a_member():
-    diag = (REPO / "harness" / "diagnostics" / "after_stage.py").read_text()
+    diag = "".join((REPO / "harness" / "diagnostics" / name).read_text()
+                   for name in ("after_stage.py", "stage_checks.py", "gradient_checks.py", "checks.py"))
     assert not re.search(r'Flag\(\s*"', diag), "diagnostics must raise FlagCode members, not strings"
     raised = set(re.findall(r"FlagCode\.([A-Z_]+)", diag + (REPO / "harness" / "diagnostics" / "escalation.py").read_text()))
     assert raised and raised <= set(FlagCode.__members__)
@@ -26,12 +28,11 @@ def test_every_code_raised_in_the_source_is_a_member():
 
 def test_a_mistyped_code_cannot_silently_disable_an_escalation():
     spec = AttackSpec("pgd", "pgd", {"steps": 5})
-    kw = dict(spec=spec, attack=spec.build(0.1, "Linf"), has_purifier=True, grad_mode="full", stochastic=False,
-              has_aux=False)
-    assert [s["name"] for s in escalation.rules(FlagCode.ZERO_GRAD, **kw)] == ["esc-bpda-eot"]
-    assert escalation.rules("zero-grad", **kw) == escalation.rules(FlagCode.ZERO_GRAD, **kw)
+    setting = Setting.of(spec.build(0.1, "Linf"), spec, has_purifier=True, grad_mode="full", stochastic=False)
+    assert [s["name"] for s in escalation.rules(FlagCode.ZERO_GRAD, setting)] == ["esc-bpda-eot"]
+    assert escalation.rules("zero-grad", setting) == escalation.rules(FlagCode.ZERO_GRAD, setting)
     with pytest.raises(ValueError, match="zero-gard"):
-        escalation.rules("zero-gard", **kw)
+        escalation.rules("zero-gard", setting)
 
 
 def test_unknown_code_read_back_names_the_file(tmp_path: Path):
@@ -61,11 +62,10 @@ def test_gradient_flags_without_another_gradient_path_escalate_to_gradient_free_
     escalation adds Square and RayS, not only APGD-DLR in the same mode."""
     spec = AttackSpec("pgd", "pgd", {"steps": 5})
     for has_purifier, grad_mode in ((False, "full"), (True, "bpda")):
-        kw = dict(spec=spec, attack=spec.build(0.1, "Linf"), has_purifier=has_purifier, grad_mode=grad_mode,
-                  stochastic=False, has_aux=False)
+        setting = Setting.of(spec.build(0.1, "Linf"), spec, has_purifier=has_purifier, grad_mode=grad_mode)
         for code in (FlagCode.ZERO_GRAD, FlagCode.MASKING_LARGE_EPS, FlagCode.NONFINITE_GRAD):
-            names = [s["name"] for s in escalation.rules(code, **kw)]
+            names = [s["name"] for s in escalation.rules(code, setting)]
             assert {"esc-apgd-dlr", "esc-square", "esc-rays"} <= set(names), (code, has_purifier, names)
     # the first-batch findings that only query-based attacks can answer
     for code in (FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT, FlagCode.GRAD_CHANGES_OUTPUT):
-        assert [s["name"] for s in escalation.rules(code, **kw)] == ["esc-square", "esc-rays"]
+        assert [s["name"] for s in escalation.rules(code, setting)] == ["esc-square", "esc-rays"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from harness.battery.spec import AttackSpec
 from harness.cli import main
 from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics import escalation
+from harness.diagnostics.evidence import Setting
 from harness.errors import UsageError
 from harness.run.stage import run_stage
 from harness.store.rundir import load_records
@@ -232,12 +234,12 @@ def test_l_p_attacks_and_mismatched_options_are_refused_in_one_line(tiny_data_ro
 def test_escalations_under_lowfreq_are_attacks_made_for_the_band() -> None:
     attack = AttackSpec("pgd-lowfreq", "pgd-lowfreq").build(EPS, "L2")
     spec = AttackSpec("pgd-lowfreq", "pgd-lowfreq")
-    kw = dict(spec=spec, attack=attack, grad_mode="full", stochastic=True, has_aux=False, has_surrogate=True, eot=20)
-    specs = escalation.rules("zero-grad", has_purifier=True, **kw) + escalation.rules("noise-beats-attack",
-                                                                                     has_purifier=False, **kw)
+    setting = Setting.of(attack, spec, grad_mode="full", stochastic=True, has_surrogate=True, eot=20)
+    specs = escalation.rules("zero-grad", replace(setting, has_purifier=True)) + escalation.rules("noise-beats-attack",
+                                                                                                setting)
     assert {s["attack"] for s in specs} == {"pgd-lowfreq", "square-lowfreq"}
-    assert {s["name"] for s in specs} >= {"esc-pgd-lowfreq-bpda-eot", "esc-pgd-lowfreq-surrogate", "esc-square-lowfreq"}
-    bpda = next(s for s in specs if s["name"] == "esc-pgd-lowfreq-bpda-eot")
+    assert {s["name"] for s in specs} >= {"esc-bpda-eot", "esc-pgd-surrogate", "esc-square"}
+    bpda = next(s for s in specs if s["name"] == "esc-bpda-eot")
     assert bpda["options"]["grad"] == "bpda" and bpda["options"]["eot"] == 20
     assert all("lowfreq" in AttackSpec.from_dict(s).build(EPS, "L2").capabilities.threats
                for s in escalation.buildable(specs, EPS, "L2"))

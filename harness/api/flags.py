@@ -3,6 +3,12 @@
 
 Codes are stored as their string values (``diagnostics.json``, the per-shard side data); reading one
 back goes through :func:`parse_code`, which rejects an unknown code naming the file it came from.
+
+Each code's meaning and remedy are written once, here (:data:`EXPLANATIONS`): the checks store the remedy with
+every flag (``FlagCode.remedy``), the reports and ``harness.Result`` show both, and the table of
+``docs/flags.md`` is generated from them (:func:`docs_table`, checked by the tests; ``python -m
+harness.api.flags`` prints it). A diagnostic defined outside the harness registers its code with its explanation
+(:func:`register_flag`), next to its check.
 """
 from __future__ import annotations
 
@@ -42,6 +48,20 @@ class FlagCode(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> FlagCode | None:
+        """A code registered by :func:`register_flag` (a diagnostic defined outside the harness)."""
+        return _REGISTERED.get(value) if isinstance(value, str) else None
+
+    @property
+    def explanation(self) -> Explanation:
+        return EXPLANATIONS[self]
+
+    @property
+    def remedy(self) -> str:
+        """What to do about this flag (stored with every flag; the same words in the reports and the docs)."""
+        return EXPLANATIONS[self].remedy
 
 
 # the flags that say the attack's gradients are useless (masked, zero, non-finite or ignoring the purifier)
@@ -140,16 +160,55 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
 }
 
 
+_REGISTERED: dict[str, FlagCode] = {}  # codes registered by diagnostics outside the harness
+
+
+def register_flag(code: str, meaning: str, remedy: str) -> FlagCode:
+    """Register a diagnostic's flag ``code`` with its one-line ``meaning`` and ``remedy`` (as in
+    :data:`EXPLANATIONS`); returns the :class:`FlagCode` that its check raises and that reads back from stored runs
+    (``FlagCode(code)``). Registering the same code again with the same words is a no-op; a built-in code, or the
+    same code with other words, is refused."""
+    explanation = Explanation(meaning, remedy)
+    if code in _REGISTERED:
+        if EXPLANATIONS[_REGISTERED[code]] != explanation:
+            raise ValueError(f"flag code {code!r} is already registered with another explanation")
+        return _REGISTERED[code]
+    if code in FlagCode.__members__.values() or code in {c.value for c in FlagCode}:
+        raise ValueError(f"flag code {code!r} is built in; choose another code")
+    member = str.__new__(FlagCode, code)
+    member._name_, member._value_ = code.upper().replace("-", "_"), code
+    _REGISTERED[code] = member
+    EXPLANATIONS[member] = explanation
+    return member
+
+
+def all_codes() -> list[FlagCode]:
+    """The built-in codes, then those registered (:func:`register_flag`)."""
+    return [*FlagCode, *_REGISTERED.values()]
+
+
+def docs_table() -> str:
+    """The table of ``docs/flags.md``: every built-in code, what it means and what to do."""
+    rows = ["| code | what it means | what to do |", "|---|---|---|"]
+    rows += [f"| [`{c.value}`](#{c.value}) | {e.meaning} | {e.remedy} |"
+             for c, e in ((c, EXPLANATIONS[c]) for c in FlagCode)]
+    return "\n".join(rows)
+
+
 def parse_code(value: Any, *, source: str) -> FlagCode:
     """The :class:`FlagCode` stored as ``value``; an unknown code raises naming ``source`` (the file)."""
     try:
         return FlagCode(value)
     except ValueError:
         raise ValueError(f"{source}: unknown diagnostic code {value!r}; accepted: "
-                         f"{', '.join(c.value for c in FlagCode)}") from None
+                         f"{', '.join(c.value for c in all_codes())}") from None
 
 
 def check_codes(flags: Iterable[dict[str, Any]], *, source: str) -> None:
     """Raise (naming ``source``) if any stored flag has a missing or unknown ``code``."""
     for flag in flags:
         parse_code(flag.get("code") if isinstance(flag, dict) else None, source=source)
+
+
+if __name__ == "__main__":
+    print(docs_table())

@@ -140,7 +140,7 @@ def extend_shard(ctx: Any, shard: int, indices: list[int], spec: AttackSpec, pla
         frame.loc[deferred, "skipped"] = plan.unbroken()
         side["diagnostics"].append({
             "code": FlagCode.PROBE_ONLY.value, "attack": spec.name, "message": plan.unbroken(),
-            "remedy": "to run it on every sample, drop its probe (or give a larger one)",
+            "remedy": FlagCode.PROBE_ONLY.remedy,
             "value": entry["probe"]["bound"], "escalate": [], "shard": shard, "stage": stage})
     records = pd.concat([records[~at], frame], ignore_index=True).sort_values("stage", kind="stable")
     state = attackable_after(records[records.stage <= stage], cfg.decide_by or "mean")
