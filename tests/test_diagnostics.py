@@ -74,7 +74,9 @@ def test_quantizing_purifier_zero_gradients_and_masking():
     assert escalated(flags, "zero-grad") == ["esc-bpda-eot"]
     assert escalated(flags, "masking-large-eps") == ["esc-bpda-eot"]
     flag = next(f for f in flags if f.code == "zero-grad")
-    assert flag.value == 1.0 and flag.remedy and flag.attack == "pgd"
+    assert flag.value == 1.0 and flag.attack == "pgd"
+    from harness.api.flags import EXPLANATIONS
+    assert all(f.to_dict()["remedy"] == EXPLANATIONS[f.code].remedy for f in flags)  # the remedy is its code's
 
 
 def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
