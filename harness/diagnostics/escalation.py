@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.api.attack import ATTACKS, Capabilities, declared_capabilities
@@ -124,7 +124,11 @@ def providers(need: Need) -> list[str]:
     """The registered attacks that satisfy ``need``, in the order they are tried: priority, then name."""
     found = []
     for name in ATTACKS.names():
-        caps = declared_capabilities(ATTACKS.get(name))
+        try:
+            caps = declared_capabilities(ATTACKS.get(name))
+        except LookupError as exc:  # a plugin's entry point that fails to load provides nothing; the run goes on
+            LOG.warning("escalation: %s", exc)
+            continue
         if caps is not None and need.satisfied_by(caps):
             found.append((caps.priority, name))
     return [name for _, name in sorted(found)]
