@@ -56,12 +56,13 @@ class FlagCode(str, Enum):
 
     @property
     def explanation(self) -> Explanation:
-        return EXPLANATIONS[self]
+        """What this flag means and what to do: :data:`EXPLANATIONS`, or as registered (:func:`register_flag`)."""
+        return EXPLANATIONS[self] if self in EXPLANATIONS else _EXPLAINED[self.value]
 
     @property
     def remedy(self) -> str:
         """What to do about this flag (stored with every flag; the same words in the reports and the docs)."""
-        return EXPLANATIONS[self].remedy
+        return self.explanation.remedy
 
 
 # the flags that say the attack's gradients are useless (masked, zero, non-finite or ignoring the purifier)
@@ -182,6 +183,7 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
 
 
 _REGISTERED: dict[str, FlagCode] = {}  # codes registered by diagnostics outside the harness
+_EXPLAINED: dict[str, Explanation] = {}  # and their explanations
 
 
 def register_flag(code: str, meaning: str, remedy: str) -> FlagCode:
@@ -191,15 +193,14 @@ def register_flag(code: str, meaning: str, remedy: str) -> FlagCode:
     same code with other words, is refused."""
     explanation = Explanation(meaning, remedy)
     if code in _REGISTERED:
-        if EXPLANATIONS[_REGISTERED[code]] != explanation:
+        if _EXPLAINED[code] != explanation:
             raise ValueError(f"flag code {code!r} is already registered with another explanation")
         return _REGISTERED[code]
-    if code in FlagCode.__members__.values() or code in {c.value for c in FlagCode}:
+    if code in {c.value for c in FlagCode}:
         raise ValueError(f"flag code {code!r} is built in; choose another code")
     member = str.__new__(FlagCode, code)
     member._name_, member._value_ = code.upper().replace("-", "_"), code
-    _REGISTERED[code] = member
-    EXPLANATIONS[member] = explanation
+    _REGISTERED[code], _EXPLAINED[code] = member, explanation
     return member
 
 
