@@ -300,7 +300,7 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, fresh: C
     mode = place_modules(defense, x, seed=run.seed, module_mode=run.module_mode)
     copies = None if fresh is None else (lambda: apply_module_mode(fresh(), mode))
     in_mode = None if remote is None else (lambda points, s: remote(points, s, mode))
-    findings, stateful = _instance_findings(defense, x, run, mode, (copies, in_mode))
+    findings, stateful = _instance_findings(defense, x, run, mode, copies, in_mode)
     out = _refuse_non_functions(defense, x, run)
     setting = Setting(None, stochastic=defense.stochastic, threat=run.threat, eps=run.eps, norm=run.norm)
     diff = _grad_changes_output(defense, x, run.seed)
@@ -313,14 +313,15 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, fresh: C
         findings.append(_finding(FlagCode.TIED_LOGITS, f"{ties} of {x.shape[0]} clean first-batch input(s) have a tie "
                                  "for the top logit (counted as wrong answers)", ties))
     instance = copies if stateful else None
-    probe, found = _gradient_findings(defense, x, y, run, (instance, setting))
+    probe, found = _gradient_findings(defense, x, y, run, instance, setting)
     return Preflight(probe, mode, findings + found, stateful)
 
 
-def _instance_findings(defense: Defense, x: Tensor, run: FirstBatch, mode: str,
-                       instances: tuple[Callable[[], Defense] | None, Remote | None]) -> tuple[list[dict[str, Any]], bool]:
-    """The findings about the instance handed over (its module mode, writes into its input, state it keeps) and
-    whether it keeps state on its object (then every pass runs on a fresh instance)."""
+def _instance_findings(defense: Defense, x: Tensor, run: FirstBatch, mode: str, fresh: Callable[[], Defense] | None,
+                       remote: Remote | None) -> tuple[list[dict[str, Any]], bool]:
+    """The findings about the instance handed over (its module mode, writes into its input, state it keeps, compared
+    with ``fresh`` instances and one in a new process, ``remote``) and whether it keeps state on its object (then
+    every pass runs on a fresh instance)."""
     findings: list[dict[str, Any]] = []
     if mode == "train" and training_modules(defense):
         findings.append(_finding(FlagCode.MODULE_MODE, f"{len(training_modules(defense))} module(s) evaluated in "
@@ -331,7 +332,7 @@ def _instance_findings(defense: Defense, x: Tensor, run: FirstBatch, mode: str,
         findings.append(_finding(FlagCode.WRITES_INPUT, f"the {' and the '.join(written)} write(s) into the input "
                                  "tensor in place: harmless here (the harness hands the defense copies), but elsewhere "
                                  "it corrupts the caller's images", len(written)))
-    in_object, in_process = _history_dependence(defense, x, run, *instances)
+    in_object, in_process = _history_dependence(defense, x, run, fresh, remote)
     state = _state_finding(in_object, in_process)
     return findings + ([state] if state is not None else []), in_object > 0
 
@@ -353,12 +354,11 @@ def _refuse_non_functions(defense: Defense, x: Tensor, run: FirstBatch) -> Tenso
     return out
 
 
-def _gradient_findings(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch,
-                       using: tuple[Callable[[], Defense] | None, Setting]) -> tuple[GradientProbe, list[dict[str, Any]]]:
+def _gradient_findings(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, instance: Callable[[], Defense] | None,
+                       setting: Setting) -> tuple[GradientProbe, list[dict[str, Any]]]:
     """The gradient modes that reach the input and the findings about them (dead modes, none live, an exact
     gradient that mispredicts the loss), each with the escalations its code adds in ``setting``; ``instance``: a
     fresh instance per pass (a defense that keeps state)."""
-    instance, setting = using
     offered = offered_modes(defense)
     probe = (probe_gradients(defense, x, y, seed=run.seed, eps=run.eps, norm=run.norm, fresh=instance) if run.gradients
              else GradientProbe(offered))
