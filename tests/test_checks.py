@@ -13,7 +13,7 @@ from harness.api.flags import FlagCode
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage, checks
 from harness.diagnostics.checks import CHECKS, Check, could_fire
-from harness.diagnostics.evidence import Evidence, Flag, Setting
+from harness.diagnostics.evidence import Evidence, Flag, Setting, StageEvidence
 from harness.run.stage import run_stage
 from helpers_attacks import attack_batch, make
 
@@ -69,6 +69,7 @@ def test_a_check_runs_exactly_where_could_fire_says(outcomes, monkeypatch):
 
 def test_what_fires_on_real_evidence_could_fire(outcomes):
     for name, out in outcomes.items():
+        assert isinstance(out, StageEvidence), name  # the stage's outcome is what the checks read
         setting = Evidence(out).setting
         for flag in after_stage.after_stage(out):
             assert could_fire(flag.code, setting), (name, flag.code)

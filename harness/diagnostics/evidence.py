@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -28,6 +28,7 @@ class Disagreement(Protocol):
     p: float
 
 
+@runtime_checkable
 class StageEvidence(Protocol):
     """What one stage did on one shard, as the checks read it (``harness.run.stage.StageOutcome`` is one):
     ``x``/``y``/``x_adv``/``result`` cover the attempted samples, the masks the whole shard."""
@@ -48,8 +49,11 @@ class StageEvidence(Protocol):
     threat: Threat | None
     projected: Tensor | None
     violation: Tensor | None
-    agreement: Disagreement | None
     tied: Tensor | None
+
+    @property
+    def agreement(self) -> Disagreement | None:
+        """The attack-time and fresh-instance evaluations compared (None: not compared)."""
 
 
 @dataclass(frozen=True)
