@@ -23,7 +23,7 @@ class BPDAEOT(PGD):
 
     name = "bpda-eot"
     capabilities = Capabilities(fixed_grad_mode="bpda", supports_autocast=True, effort_option="steps",
-                                threats=(ANY_THREAT,))
+                                threats=(ANY_THREAT,), priority=0)
 
 
 register_attack("bpda-eot")(Variant(

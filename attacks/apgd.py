@@ -149,7 +149,8 @@ class APGD(Attack):
 
 register_attack("apgd")(Variant(APGD, "APGD with ``loss`` as an option (default ``ce``)."))
 register_attack("apgd-ce")(Variant(APGD, "APGD on the cross-entropy loss.", fixed={"loss": "ce"}))
-register_attack("apgd-dlr")(Variant(APGD, "APGD on the DLR loss (invariant to logit scaling).", fixed={"loss": "dlr"}))
+register_attack("apgd-dlr")(Variant(APGD, "APGD on the DLR loss (invariant to logit scaling).", fixed={"loss": "dlr"},
+                                    capabilities={"scale_invariant": True, "priority": 20}))
 register_attack("apgd-l1")(Variant(
     APGD, "APGD-CE for ℓ1 (ε = 12 by default, as in Croce & Hein 2021) with the decreasing-ε schedule.",
     fixed={"loss": "ce", "norm": "L1"}, defaults={"eps": 12.0}, hint="apgd-l1 is the ℓ1 attack; run it with --norm L1 (and an ℓ1 eps such as 12)"))

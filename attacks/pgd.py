@@ -50,7 +50,7 @@ class PGD(Attack, Continuable):
     """
 
     name = "pgd"
-    capabilities = Capabilities(supports_autocast=True, effort_option="steps", threats=(ANY_THREAT,))
+    capabilities = Capabilities(supports_autocast=True, effort_option="steps", threats=(ANY_THREAT,), priority=10)
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 10, restarts: int = 1,
                  step_size: float | None = None, schedule: str = "constant", loss: str = "ce",

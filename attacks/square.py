@@ -57,7 +57,7 @@ class Square(Attack):
 
     name = "square"
     capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries",
-                                threats=("lp", "lowfreq"))
+                                threats=("lp", "lowfreq"), priority=10)
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", queries: int = 5000, p_init: float = 0.8,
                  restarts: int = 1, loss: str = "margin", rescale_schedule: bool = False) -> None:

@@ -204,8 +204,8 @@ def flagged(cell: Cell | None) -> bool:
 
 def flag_notes(table: Table) -> list[str]:
     """One line per flag fired in the table: the rows it fired for, what it means for their numbers, what to do,
-    and its section of docs/flags.md (:data:`harness.api.flags.EXPLANATIONS`)."""
-    from harness.api.flags import EXPLANATIONS, FlagCode
+    and its section of docs/flags.md (``harness.api.flags.FlagCode.explanation``)."""
+    from harness.api.flags import FlagCode
 
     rows_of: dict[str, list[str]] = {}
     for row in table.rows:
@@ -214,7 +214,7 @@ def flag_notes(table: Table) -> list[str]:
     lines = []
     for code, labels in rows_of.items():
         flag = FlagCode(code)
-        lines.append(f"{FLAG_MARK} {', '.join(labels)}: {EXPLANATIONS[flag].line(flag)}")
+        lines.append(f"{FLAG_MARK} {', '.join(labels)}: {flag.explanation.line(flag)}")
     return lines
 
 

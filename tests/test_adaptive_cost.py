@@ -252,6 +252,8 @@ def test_probe_that_breaks_nothing_is_not_extended_and_is_recorded(tiny_data_roo
     assert (trig.classifier_forward[left] == 0).all()
     flags = [f for f in load_diagnostics(run_dir) if f["code"] == "probe-only"]
     assert flags and flags[0]["attack"] == "trig" and flags[0]["value"] == pytest.approx(1 - 0.05 ** (1 / 3), abs=1e-3)
+    from harness.api.flags import FlagCode
+    assert flags[0]["remedy"] == FlagCode.PROBE_ONLY.remedy  # worded once, as the reports and docs/flags.md say it
     for side in load_side(run_dir).values():
         info = side["attacks"]["trig"]
         assert info["probe"]["extended"] is False and info["probe"]["broken"] == 0 and info["robust_after"] == 12

@@ -2,6 +2,8 @@
 it, and stays silent on a plain small CNN; flags are deterministic (resume raises the same ones)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -10,6 +12,8 @@ from conftest import run_single_stage
 from harness.api.defense import Defense
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
+from harness.diagnostics.evidence import Evidence
+from harness.diagnostics.stage_checks import NOISE_SAMPLES, check_noise
 from helpers_attacks import NUM_CLASSES, attack_batch, make, tiny_cnn
 
 torch.set_num_threads(1)
@@ -70,7 +74,9 @@ def test_quantizing_purifier_zero_gradients_and_masking():
     assert escalated(flags, "zero-grad") == ["esc-bpda-eot"]
     assert escalated(flags, "masking-large-eps") == ["esc-bpda-eot"]
     flag = next(f for f in flags if f.code == "zero-grad")
-    assert flag.value == 1.0 and flag.remedy and flag.attack == "pgd"
+    assert flag.value == 1.0 and flag.attack == "pgd"
+    from harness.api.flags import EXPLANATIONS
+    assert all(f.to_dict()["remedy"] == EXPLANATIONS[f.code].remedy for f in flags)  # the remedy is its code's
 
 
 def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
@@ -95,12 +101,13 @@ def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
     # on a stochastic defense the escalation carries EOT (at least 20 draws); none once the surrogate was used
     from harness.api.flags import FlagCode
     from harness.diagnostics import escalation
-    specs = escalation.rules(FlagCode.ZERO_GRAD, spec=PGD, attack=PGD.build(0.1, "Linf"), has_purifier=True,
-                             grad_mode="full", stochastic=True, has_aux=False, has_surrogate=True, eot=1)
+    from harness.diagnostics.evidence import Setting
+    setting = Setting.of(PGD.build(0.1, "Linf"), PGD, has_purifier=True, grad_mode="full", stochastic=True,
+                         has_surrogate=True, eot=1)
+    specs = escalation.rules(FlagCode.ZERO_GRAD, setting)
     assert specs[-1]["name"] == "esc-pgd-surrogate" and specs[-1]["options"]["eot"] == 20
     assert not any("surrogate" in s["name"] for s in escalation.rules(
-        FlagCode.ZERO_GRAD, spec=PGD, attack=PGD.build(0.1, "Linf"), has_purifier=True, grad_mode="surrogate",
-        stochastic=True, has_aux=False, has_surrogate=True, eot=20))
+        FlagCode.ZERO_GRAD, replace(setting, grad_mode="surrogate", eot=20)))
 
 
 def test_quantizing_purifier_bpda_is_silent():
@@ -181,11 +188,11 @@ def test_noise_check_spends_nothing_on_samples_the_re_evaluation_breaks():
     model = Flippable()
     defense = Defense(model, None, num_classes=NUM_CLASSES, stochastic=True, name="flippable")
     outcome, _ = stage(defense, PGD, eps=0.03)
-    evidence = diagnostics.Evidence(outcome)
-    probed = evidence.probe(diagnostics.NOISE_SAMPLES)[0].shape[0]
+    evidence = Evidence(outcome)
+    probed = evidence.probe(NOISE_SAMPLES)[0].shape[0]
     assert probed > 0
     model.flipped, model.rows = True, 0  # the re-evaluation now breaks every probed sample
-    assert diagnostics.check_noise(evidence) is None
+    assert check_noise(evidence) is None
     assert model.rows == probed * evidence.draws  # the re-evaluation only
 
 
@@ -250,8 +257,8 @@ def test_escalation_drops_specs_that_cannot_build():
     assert escalation.buildable(bad, 0.1, "Linf") == []
     ok = escalation.more_iterations(AttackSpec("p", "pgd"), create_attack("pgd", steps=10))
     assert escalation.buildable(ok, 0.1, "Linf") == ok and ok[0]["options"]["steps"] == 40
-    kept = escalation.buildable(escalation.gradient_free(False, "Linf"), 0.5, "L2")  # RayS is ℓ∞-only
-    assert [s["name"] for s in kept] == ["esc-square"]
+    rays = {"name": "esc-rays", "attack": "rays", "options": {}}
+    assert escalation.buildable([rays], 0.5, "L2") == [] and escalation.buildable([rays], 0.5, "Linf") == [rays]
 
 
 def test_an_attack_and_its_battery_entry_read_the_same_effort():

@@ -16,7 +16,7 @@ from harness.api.defense import Defense, create_defense
 from harness.api.flags import FlagCode
 from harness.api.target import Target
 from harness.diagnostics.gradcheck import loss_ignores_gradient, taylor_agreement
-from harness.diagnostics.preflight import preflight
+from harness.diagnostics.preflight import FirstBatch, preflight
 from harness.sources.datasets import load_test_set
 from hostile_zoo import PROCESS_MEMORY, make_function_zoo
 
@@ -36,7 +36,7 @@ def at_small():
 
 
 def _codes(defense, x, y) -> dict[str, dict]:
-    found = preflight(defense, x, y, seed=0, eps=EPS, norm="Linf", batch_size=16)
+    found = preflight(defense, x, y, FirstBatch(seed=0, eps=EPS, norm="Linf", batch_size=16))
     return {f["code"]: f for f in found.findings}
 
 

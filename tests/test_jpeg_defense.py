@@ -11,7 +11,7 @@ import harness.defenses  # noqa: F401  (registers the built-in defenses)
 from harness.api.defense import create_defense
 from harness.api.registry import RegistryError
 from harness.defenses.jpeg import JpegCompression
-from harness.diagnostics.preflight import preflight
+from harness.diagnostics.preflight import FirstBatch, preflight
 from harness.errors import UsageError
 from harness.sources.datasets import load_test_set
 
@@ -92,5 +92,5 @@ def test_create_defense_by_name(images: torch.Tensor) -> None:
         logits = d(images)
     assert logits.shape == (4, 10) and torch.isfinite(logits).all()
     y = logits.argmax(1)
-    found = preflight(d, images, y, seed=0, eps=8 / 255, norm="Linf", batch_size=4)  # the runner's first-batch checks
+    found = preflight(d, images, y, FirstBatch(seed=0, eps=8 / 255, norm="Linf", batch_size=4))  # the runner's first-batch checks
     assert found.probe.live == ("bpda",) and [m for m, _ in found.probe.dead] == ["full"]  # JPEG has no gradient

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from harness.battery.spec import AttackSpec
 from harness.cli import main
 from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics import escalation
+from harness.diagnostics.evidence import Setting
 from harness.errors import UsageError
 from harness.store.rundir import load_records
 
@@ -229,19 +231,18 @@ def test_l_p_attacks_and_mismatched_options_are_refused_in_one_line(tiny_data_ro
 
 
 def test_escalations_under_lowfreq_are_attacks_made_for_the_band() -> None:
+    attack = AttackSpec("pgd", "pgd").build(EPS, "L2")
     spec = AttackSpec("pgd", "pgd")
-    kw = dict(spec=spec, attack=spec.build(EPS, "L2"), grad_mode="full", stochastic=True, has_aux=False,
-              has_surrogate=True, eot=20, threat="lowfreq")
-    specs = escalation.rules("zero-grad", has_purifier=True, **kw) + escalation.rules("noise-beats-attack",
-                                                                                     has_purifier=False, **kw)
+    setting = Setting.of(attack, spec, grad_mode="full", stochastic=True, has_surrogate=True, eot=20, threat="lowfreq")
+    specs = escalation.rules("zero-grad", replace(setting, has_purifier=True)) + escalation.rules("noise-beats-attack",
+                                                                                                setting)
     assert {s["attack"] for s in specs} == {"bpda-eot", "pgd", "square"}
     assert {s["name"] for s in specs} >= {"esc-bpda-eot", "esc-pgd-surrogate", "esc-square"}
     bpda = next(s for s in specs if s["name"] == "esc-bpda-eot")
     assert bpda["options"]["eot"] == 20
     assert all(AttackSpec.from_dict(s).build(EPS, "L2").capabilities.serves("lowfreq")
                for s in escalation.buildable(specs, EPS, "L2"))
-    rays = escalation.for_threat([{"name": "esc-rays", "attack": "rays"}], "lowfreq")
-    assert rays == []  # an attack made for the l_p balls only is dropped
+    assert "rays" not in {s["attack"] for s in specs}  # an attack made for the l_p balls only is not offered
 
 
 # -- reports and compare refuse mixing threat models ----------------------------------------------------------------

@@ -11,7 +11,7 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.api.losses`      -- per-sample attack losses (cross-entropy, margin, DLR).
 - :mod:`harness.api.evaluation`  -- a defense's outputs as predictions (non-finite and tied outputs are never correct).
 - :mod:`harness.api.grad`        -- exact gradients through iterative purifiers at flat memory.
-- :mod:`harness.api.flags`       -- the diagnostics' flag codes.
+- :mod:`harness.api.flags`       -- the diagnostics' flag codes, what each means and what to do.
 - :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
 - :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
 - :mod:`harness.api.options`     -- the options a registered factory takes, and ``Variant``: a named configuration of one.

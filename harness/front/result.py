@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from harness.api.flags import DOCS, EXPLANATIONS, FlagCode
+from harness.api.flags import DOCS, FlagCode
 from harness.api.frontend import FrontEnd
 from harness.errors import UsageError
 from harness.reports import RunData, Settings, Table, build_table, load_run, render_table
@@ -45,7 +45,7 @@ class FlagNote:
         return f"{DOCS}#{self.code.value}"
 
     def __str__(self) -> str:
-        return f"{', '.join(self.attacks)}: {EXPLANATIONS[self.code].line(self.code)}"
+        return f"{', '.join(self.attacks)}: {self.code.explanation.line(self.code)}"
 
 
 class Result:
@@ -128,7 +128,7 @@ class Result:
         for name, cell in self.cells.items():
             for code in cell.flags:
                 columns.setdefault(FlagCode(code), []).append(name)
-        return [FlagNote(code, tuple(names), EXPLANATIONS[code].meaning, EXPLANATIONS[code].remedy)
+        return [FlagNote(code, tuple(names), code.explanation.meaning, code.remedy)
                 for code, names in columns.items()]
 
     def table(self, fmt: str = "markdown", *, columns: list[str] | None = None) -> str:

@@ -18,7 +18,7 @@ from harness.api.defense import Defense
 from harness.battery.resolve import check_battery, describe
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
-from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
+from harness.diagnostics.preflight import FirstBatch, Preflight, apply_module_mode, preflight
 from harness.run._acceleration import accelerate, resolve_device
 from harness.run._memory import Batching
 from harness.run.plan import RunContext
@@ -64,9 +64,9 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
         instance = defense if not checked or fresh is None else fresh()  # a retry: the defense as handed over
         checked[:] = [instance.to(device)]
         x, y = data.get(indices[:batching.size], device)
-        return preflight(checked[0], x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=batching.size,
-                         module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat,
-                         remote=None if recipe is None else remote)
+        return preflight(checked[0], x, y, FirstBatch(cfg.seed, cfg.eps, cfg.norm, batching.size, cfg.module_mode,
+                                                      cfg.probe_gradients, cfg.threat),
+                         fresh=fresh, remote=None if recipe is None else remote)
 
     pf = batching.run(checks, "the first-batch checks")
     defense = checked[0]

@@ -298,10 +298,10 @@ def _possible(cal: Calibration, base: list[AttackSpec], taken: set[str], survivo
         attack, resolved = plan.attack, plan.resolved
         if resolved.skip:
             continue
-        for code, entry in escalation.possible(spec, attack, stage=stage, has_purifier=defense.purifier is not None,
-                                               grad_mode=str(resolved.target_grad), stochastic=defense.stochastic,
-                                               has_aux=has_aux, has_surrogate=defense.has_surrogate,
-                                               eot=int(resolved.eot)):
+        for code, entry in escalation.possible(escalation.Setting.of(
+                attack, spec, stage=stage, has_purifier=defense.purifier is not None, grad_mode=str(resolved.target_grad),
+                stochastic=defense.stochastic, has_aux=has_aux, has_surrogate=defense.has_surrogate, eot=int(resolved.eot),
+                threat=plan.threat.kind)):
             if entry["name"] in taken:
                 continue
             taken.add(entry["name"])

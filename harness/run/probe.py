@@ -130,7 +130,7 @@ def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePl
         part.loc[deferred, "skipped"] = plan.unbroken()
         side["diagnostics"].append({
             "code": FlagCode.PROBE_ONLY.value, "attack": name, "message": plan.unbroken(),
-            "remedy": "to run it on every sample, drop its probe (or give a larger one)",
+            "remedy": FlagCode.PROBE_ONLY.remedy,
             "value": entry["probe"]["bound"], "escalate": [], "shard": shard, "stage": stage.stage})
     records = pd.concat([records[~at], part], ignore_index=True).sort_values("stage", kind="stable")
     state = attackable_after(records[records.stage <= stage.stage], context.decide_by)
