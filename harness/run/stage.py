@@ -113,31 +113,16 @@ def finish_stage(s: StageSetup, robust_before: Tensor, result: AttackResult, jud
     evaluation (``judged``), and per attempted sample the passes and seconds spent on it."""
     ev, x_adv, idx, xa, ya, x = judged.ev, judged.x_adv, s.idx, s.xa, s.ya, s.batch.x
     n_att, n = xa.shape[0], x.shape[0]
-    full = lambda v, fill, dtype: torch.full((n,), fill, dtype=dtype, device=x.device).index_put_((idx,), v.to(device=x.device, dtype=dtype))  # noqa: E731
     linf, l2 = perturbation_norms(xa, x_adv) if n_att else (xa.new_zeros(0), xa.new_zeros(0))
     nan = torch.tensor(float("nan"))
-    # attempted samples get the stage's values, the others the column's declared missing value (harness.api.records)
-    col = lambda name, v, dtype: full(v, MISSING[name], dtype).cpu().numpy()  # noqa: E731
-    unattempted = ~robust_before.cpu().numpy()
-    cols: dict[str, Any] = {
-        "attempted": robust_before.cpu().numpy(),
-        "preds": _preds_lists(ev.preds, idx, n),
-        **{c.name: null_where(c, full(getattr(ev, c.name), 0, torch.float64).cpu().numpy(), unattempted)
-           for c in NULLABLE},
-        "finite": col("finite", ev.finite, torch.bool),
-        "success": col("success", result.success, torch.bool),
-        "loss": col("loss", result.loss.float() if result.loss is not None else nan.expand(n_att), torch.float64),
-        "margin": col("margin", result.margin.float() if result.margin is not None else ev.margin, torch.float64),
-        "linf": col("linf", linf, torch.float64),
-        "l2": col("l2", l2, torch.float64),
-        "time_s": col("time_s", seconds, torch.float64),
-        **{k: col(k, v, torch.float64) for k, v in passes.items()},
-        "projected": col("projected", judged.projected, torch.bool),
-        "nonfinite_query": col("nonfinite_query", s.witnesses.has, torch.bool),
-        **_budget_columns(s.plan),
-        "seed": s.context.seed,  # the run seed; the stage's own seeds derive from (seed, shard, stage)
-        "skipped": "",
-    }
+    cols = _record_columns(n, idx, robust_before.cpu().numpy(), ev, {
+        "finite": (ev.finite, torch.bool), "success": (result.success, torch.bool),
+        "loss": (result.loss.float() if result.loss is not None else nan.expand(n_att), torch.float64),
+        "margin": (result.margin.float() if result.margin is not None else ev.margin, torch.float64),
+        "linf": (linf, torch.float64), "l2": (l2, torch.float64), "time_s": (seconds, torch.float64),
+        **{k: (v, torch.float64) for k, v in passes.items()},
+        "projected": (judged.projected, torch.bool), "nonfinite_query": (s.witnesses.has, torch.bool)},
+        {**_budget_columns(s.plan), "seed": s.context.seed})  # the run seed: a stage's own derive from it
     robust_after = robust_before.clone()
     robust_after[idx] = ev.attackable_under(s.context.decide_by)
     finite = torch.ones(n, dtype=torch.bool, device=x.device)
@@ -165,14 +150,15 @@ def clean_stage(context: RunContext, batch: ShardBatch,
                               seed=batch.seed(context, stage, SEED_VERIFY), batch_size=batch.batch_size,
                               stochastic=defense.stochastic)
     n = x.shape[0]
-    cols = {"attempted": np.ones(n, bool), "preds": _preds_lists(ev.preds, torch.arange(n), n),
-            "correct_all": ev.correct_all.cpu().numpy(), "correct_majority": ev.correct_majority.cpu().numpy(),
-            "correct_frac": ev.correct_frac.double().cpu().numpy(), "finite": ev.finite.cpu().numpy(),
-            "success": np.zeros(n, bool), "loss": np.full(n, np.nan), "margin": ev.margin.double().cpu().numpy(),
-            "linf": np.zeros(n), "l2": np.zeros(n), "time_s": np.full(n, (time.perf_counter() - t0) / max(n, 1)),
-            **{k: np.full(n, v / max(n, 1)) for k, v in budget.counts().items()},
-            "projected": np.zeros(n, bool), "nonfinite_query": np.zeros(n, bool),
-            **_budget_columns(None), "seed": context.seed, "skipped": ""}
+    zeros = torch.zeros(n)
+    cols = _record_columns(n, torch.arange(n, device=x.device), np.ones(n, bool), ev, {
+        "finite": (ev.finite, torch.bool), "success": (zeros.bool(), torch.bool),
+        "loss": (torch.full((n,), float("nan")), torch.float64), "margin": (ev.margin, torch.float64),
+        "linf": (zeros, torch.float64), "l2": (zeros, torch.float64),
+        "time_s": (torch.full((n,), (time.perf_counter() - t0) / max(n, 1)), torch.float64),
+        **{k: (torch.full((n,), v / max(n, 1)), torch.float64) for k, v in budget.counts().items()},
+        "projected": (zeros.bool(), torch.bool), "nonfinite_query": (zeros.bool(), torch.bool)},
+        {**_budget_columns(None), "seed": context.seed})
     return cols, ev, agreement
 
 
@@ -180,6 +166,21 @@ def skipped_stage(context: RunContext, plan: StagePlan, n: int, reason: str) -> 
     """The record columns of a stage not run on a shard of ``n`` samples: no sample attempted, ``skipped`` says
     why, the budget columns say what would have run. The cascade carries every sample's state past it unchanged."""
     return {**not_attempted(n), **_budget_columns(plan), "seed": context.seed, "skipped": reason}
+
+
+def _record_columns(n: int, idx: Tensor, attempted: np.ndarray, ev: Evaluation,
+                    per_row: dict[str, tuple[Tensor, torch.dtype]], stage_wide: dict[str, Any]) -> dict[str, Any]:
+    """A stage's record columns over a shard of ``n``: the ``attempted`` rows (``idx``) get their evaluation ``ev``
+    and their ``per_row`` values, the other rows each column's declared missing value (:mod:`harness.api.records`);
+    ``stage_wide``: the columns one value fills."""
+    def full(v: Tensor, fill: Any, dtype: torch.dtype) -> np.ndarray:
+        out = torch.full((n,), fill, dtype=dtype)
+        return out.index_put_((idx.cpu(),), v.detach().cpu().to(dtype)).numpy()
+
+    return {"attempted": attempted, "preds": _preds_lists(ev.preds, idx, n),
+            **{c.name: null_where(c, full(getattr(ev, c.name), 0, torch.float64), ~attempted) for c in NULLABLE},
+            **{name: full(v, MISSING[name], dtype) for name, (v, dtype) in per_row.items()},
+            **stage_wide, "skipped": ""}
 
 
 def _preds_lists(preds: Tensor, idx: Tensor, n: int) -> list[list[int]]:
