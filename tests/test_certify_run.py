@@ -13,7 +13,7 @@ from conftest import TinyCNN
 from harness.api._seeding import derive_seed
 from harness.api.defense import Defense
 from harness.certify.certification import CertifyConfig, latency, run_certify
-from harness.certify.smoothing import certify
+from harness.certify.smoothing import Noise, certify
 from harness.cli import main
 from harness.store.rundir import RunFormatError, load_config, load_records
 from harness.store.status import completeness
@@ -47,7 +47,8 @@ def test_records_are_cohen_certify_per_sample_and_do_not_depend_on_sharding(tiny
     row = df.iloc[3]
     x, _ = load_test_set("cifar10", str(tiny_data_root)).get([int(row["index"])])
     gen = torch.Generator().manual_seed(derive_seed(1, int(row["index"]), 0, 7))
-    cert = certify(_defense(), x[0], sigma=0.1, n0=16, n=200, alpha=0.01, batch_size=100, num_classes=10, generator=gen)
+    cert = certify(_defense(), x[0], Noise(sigma=0.1, batch_size=100, generator=gen), n0=16, n=200, alpha=0.01,
+                   num_classes=10)
     assert cert.prediction == row["prediction"] and cert.radius == pytest.approx(row["radius"])
     assert list(cert.counts_estimation) == list(row["counts_estimation"])
     other = run_certify(_cfg(tiny_data_root, tmp_path / "b", shard_size=5), defense=_defense())

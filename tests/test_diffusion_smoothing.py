@@ -18,7 +18,7 @@ from conftest import TinyCNN, synthetic_images  # noqa: E402
 from harness.api._seeding import derive_seed  # noqa: E402
 from harness.api.defense import SmoothingNoise, create_defense  # noqa: E402
 from harness.certify.certification import CertifyConfig, run_certify  # noqa: E402
-from harness.certify.smoothing import certify  # noqa: E402
+from harness.certify.smoothing import Noise, certify  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.defenses.ddpm_train import SCHEDULE, build_unet, unet_config  # noqa: E402
 from harness.defenses.diffpure import schedule_alphas_cumprod  # noqa: E402
@@ -195,7 +195,7 @@ def test_harness_certify_adds_the_noise_and_the_defense_denoises_it(tmp_path, ti
     x, _ = load_test_set("cifar10", str(tiny_data_root)).get([int(row["index"])])
     d = create_defense("diffusion-smoothing", weights=str(weights), classifier="smoothing-gaussian", sigma=0.25).eval()
     gen = torch.Generator().manual_seed(derive_seed(0, int(row["index"]), 0, 7))
-    cert = certify(d, x[0], sigma=0.25, n0=4, n=24, alpha=0.01, batch_size=28, num_classes=10, generator=gen)
+    cert = certify(d, x[0], Noise(sigma=0.25, batch_size=28, generator=gen), n0=4, n=24, alpha=0.01, num_classes=10)
     assert list(cert.counts_estimation) == list(row["counts_estimation"]) and cert.prediction == row["prediction"]
     capsys.readouterr()
     assert main(["certify", "--defense", "diffusion-smoothing", *opts, "--defense-opt", "sigma=0.25", "--sigma", "0.25",

@@ -13,7 +13,7 @@ from harness.certify.budget import (
     min_samples_for_radius,
     min_votes_for_radius,
 )
-from harness.certify.smoothing import ABSTAIN, certify, predict, sample_counts
+from harness.certify.smoothing import ABSTAIN, Noise, certify, predict, sample_counts
 from harness.cli import main
 
 SHAPE = (1, 2, 2)
@@ -48,11 +48,14 @@ def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def noise(sigma: float, batch_size: int, seed: int = 0) -> Noise:
+    return Noise(sigma=sigma, batch_size=batch_size, generator=gen(seed))
+
+
 def test_threshold_classifier_radius_is_below_and_near_the_true_radius():
     sigma, v, t, n, alpha = 0.5, 0.1, 0.6, 100_000, 0.001
     x = torch.full(SHAPE, v)
-    cert = certify(threshold_model(t), x, sigma=sigma, n0=100, n=n, alpha=alpha, batch_size=10_000, num_classes=2,
-                   generator=gen(1))
+    cert = certify(threshold_model(t), x, noise(sigma, 10_000, seed=1), n0=100, n=n, alpha=alpha, num_classes=2)
     true_radius = t - v
     p_a = stats.norm.cdf(true_radius / sigma)
     assert cert.prediction == 0 and not cert.abstain and cert.nonfinite == 0
@@ -66,8 +69,7 @@ def test_threshold_classifier_radius_is_below_and_near_the_true_radius():
 def test_all_votes_give_the_largest_certifiable_radius():
     sigma, n, alpha = 0.25, 1000, 0.001
     x = torch.full(SHAPE, -5.0)  # 20 sigma from the boundary: every draw votes class 0
-    cert = certify(threshold_model(0.0), x, sigma=sigma, n0=10, n=n, alpha=alpha, batch_size=300, num_classes=2,
-                   generator=gen())
+    cert = certify(threshold_model(0.0), x, noise(sigma, 300), n0=10, n=n, alpha=alpha, num_classes=2)
     assert cert.counts_estimation == (n, 0)
     assert cert.p_a_lower == pytest.approx(alpha ** (1 / n), rel=1e-12)
     assert cert.radius == max_certifiable_radius(n, alpha, sigma)
@@ -118,17 +120,17 @@ def test_min_votes_is_the_exact_threshold():
 
 def test_even_split_abstains_and_constant_model_does_not():
     x = torch.zeros(SHAPE)
-    common = dict(sigma=0.5, alpha=0.001, batch_size=100, num_classes=3)
-    split = certify(alternating_model, x, n0=100, n=1000, generator=gen(), **common)
+    common = dict(alpha=0.001, num_classes=3)
+    split = certify(alternating_model, x, noise(0.5, 100), n0=100, n=1000, **common)
     assert split.abstain and split.prediction == ABSTAIN and split.radius == 0.0
     assert split.counts_estimation == (500, 500, 0)
-    assert predict(alternating_model, x, n=1000, generator=gen(), **common) == ABSTAIN
+    assert predict(alternating_model, x, noise(0.5, 100), n=1000, **common) == ABSTAIN
     constant = constant_model(2, num_classes=3)
-    cert = certify(constant, x, n0=10, n=1000, generator=gen(), **common)
+    cert = certify(constant, x, noise(0.5, 100), n0=10, n=1000, **common)
     assert not cert.abstain and cert.prediction == 2 and cert.radius > 0
-    assert predict(constant, x, n=1000, generator=gen(), **common) == 2
+    assert predict(constant, x, noise(0.5, 100), n=1000, **common) == 2
     # ... unless the budget is below the 10 draws that alpha = 0.001 needs to ever reach p_A >= 1/2
-    assert certify(constant, x, n0=10, n=9, generator=gen(), **common).abstain
+    assert certify(constant, x, noise(0.5, 100), n0=10, n=9, **common).abstain
 
 
 def test_nonfinite_logits_never_vote():
@@ -139,36 +141,38 @@ def test_nonfinite_logits_never_vote():
         out[1::4, 2] = float("inf")
         return out
     x = torch.zeros(SHAPE)
-    counts = sample_counts(half_nan, x, sigma=0.5, num=1000, batch_size=100, num_classes=3, generator=gen())
+    counts = sample_counts(half_nan, x, noise(0.5, 100), num=1000, num_classes=3)
     assert counts.tolist() == [250, 0, 0]
-    cert = certify(half_nan, x, sigma=0.5, n0=100, n=1000, alpha=0.001, batch_size=100, num_classes=3,
-                   generator=gen())
+    cert = certify(half_nan, x, noise(0.5, 100), n0=100, n=1000, alpha=0.001, num_classes=3)
     assert cert.nonfinite == 75 + 750 and cert.counts_estimation == (250, 0, 0) and cert.abstain
 
 
 def test_same_seed_same_certificate_and_global_rng_untouched():
     x = torch.full(SHAPE, 0.3)
-    kwargs = dict(sigma=0.5, n0=50, n=2000, alpha=0.001, batch_size=128, num_classes=2)
+    kwargs = dict(n0=50, n=2000, alpha=0.001, num_classes=2)
     state = torch.random.get_rng_state()
-    a = certify(threshold_model(0.5), x, generator=gen(7), **kwargs)
-    b = certify(threshold_model(0.5), x, generator=gen(7), **kwargs)
-    c = certify(threshold_model(0.5), x, generator=gen(8), **kwargs)
+    a = certify(threshold_model(0.5), x, noise(0.5, 128, seed=7), **kwargs)
+    b = certify(threshold_model(0.5), x, noise(0.5, 128, seed=7), **kwargs)
+    c = certify(threshold_model(0.5), x, noise(0.5, 128, seed=8), **kwargs)
     assert a == b and a.counts_estimation != c.counts_estimation
     assert torch.equal(state, torch.random.get_rng_state())
 
 
 @pytest.mark.parametrize("change, name", [({"sigma": 0.0}, "sigma"), ({"alpha": 1.0}, "alpha"), ({"n0": 0}, "n0"),
-                                          ({"n": 0}, "n"), ({"batch_size": 0}, "batch_size")])
+                                          ({"n": 0}, "n"), ({"batch_size": 0}, "batch_size"),
+                                          ({"generator": 0}, "generator"), ({"num_classes": 0}, "num_classes")])
 def test_bad_arguments_name_themselves(change, name):
-    kwargs = dict(sigma=0.5, n0=10, n=10, alpha=0.001, batch_size=10, num_classes=2, generator=gen()) | change
+    draws = dict(sigma=0.5, batch_size=10, generator=gen())
+    kwargs = dict(n0=10, n=10, alpha=0.001, num_classes=2)
+    draws |= {k: v for k, v in change.items() if k in draws}
+    kwargs |= {k: v for k, v in change.items() if k in kwargs}
     with pytest.raises(ValueError, match=rf"^{name} must be"):
-        certify(threshold_model(0.0), torch.zeros(SHAPE), **kwargs)
+        certify(threshold_model(0.0), torch.zeros(SHAPE), Noise(**draws), **kwargs)
 
 
 def test_wrong_logit_shape_is_rejected():
     with pytest.raises(ValueError, match="shape"):
-        sample_counts(constant_model(0, 5), torch.zeros(SHAPE), sigma=1.0, num=4, batch_size=4, num_classes=3,
-                      generator=gen())
+        sample_counts(constant_model(0, 5), torch.zeros(SHAPE), noise(1.0, 4), num=4, num_classes=3)
 
 
 def test_cli_shows_the_budget_cap(capsys):
