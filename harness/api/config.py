@@ -26,6 +26,7 @@ from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
 from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem, parse_dataset
+from harness.stats.criteria import DEFAULT_DECIDE_BY, criterion_names
 from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
@@ -36,7 +37,7 @@ NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id"
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
                                 "compile": False, "module_mode": None, "probe_gradients": True, "about": None,
                                 "threat": "lp", "corruptions": None, "severities": None,
-                                "band": None, "decide_by": "mean", "subset": None, "resize": None, "crop": None,
+                                "band": None, "decide_by": DEFAULT_DECIDE_BY, "subset": None, "resize": None, "crop": None,
                                 "interpolation": None}
 
 
@@ -78,9 +79,9 @@ class RunConfig:
     eval_repeats: int | None = None  # None: 10 for stochastic defenses, 1 otherwise
     every_attack: bool = False
     # the criterion that decides when the cascade stops attacking a sample (harness.stats.scoring.still_attackable):
-    # "mean" (while any draw is correct: exact under every criterion), "majority" or "all" (cheaper; the more lenient
-    # criteria are then upper bounds); None: not given (the battery file's decide_by, else "mean"; a stored config
-    # without it predates the field and ran as "mean")
+    # a registered criterion's name (harness.stats.criteria: "mean", while any draw is correct, exact under every
+    # criterion; "majority" or "all", cheaper, the more lenient criteria then upper bounds); None: not given (the
+    # battery file's decide_by, else DEFAULT_DECIDE_BY; a stored config without it predates the field and ran so)
     decide_by: str | None = None
     attacks: str | None = None  # None: not given (prepare() picks rand for stochastic defenses, else standard)
     attack_opts: dict[str, Any] = field(default_factory=dict)
@@ -122,7 +123,7 @@ class RunConfig:
         """The fields that determine results (the run-id hash input). ``decide_by`` not set is ``mean``: what a run
         stored before the field existed did, and what a run resolves it to when neither it nor its battery says."""
         out = {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
-        out["decide_by"] = out["decide_by"] or "mean"
+        out["decide_by"] = out["decide_by"] or DEFAULT_DECIDE_BY
         return out
 
     def dataset_stem(self) -> str:
@@ -148,7 +149,6 @@ RULES: dict[str, Rule] = {
     "threat": Rule(choices=("lp", "lowfreq", "corruptions")),
     "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),
-    "decide_by": Rule(choices=("all", "majority", "mean")),
     "subset": Rule(choices=tuple(SUBSETS)),
     "resize": Rule(low=1), "crop": Rule(low=1),
     "interpolation": Rule(choices=INTERPOLATIONS),
@@ -162,9 +162,16 @@ RULES: dict[str, Rule] = {
 PARSED: dict[str, Callable[[Any], str | None]] = {"dataset": dataset_problem}
 
 
+def rules() -> dict[str, Rule]:
+    """:data:`RULES` and the rules of registries a plugin can add to: ``decide_by`` accepts every registered
+    criterion (:mod:`harness.stats.criteria`), read when the values are checked."""
+    return {**RULES, "decide_by": Rule(choices=criterion_names())}
+
+
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:
     hints = typing.get_type_hints(RunConfig)
-    return {f.name: (hints[f.name], RULES.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
+    rule = rules()
+    return {f.name: (hints[f.name], rule.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
 
 
 def check_values(values: Mapping[str, Any], *, source: str | None, front: FrontEnd = FrontEnd.CLI) -> None:

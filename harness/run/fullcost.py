@@ -34,6 +34,7 @@ from harness.battery.spec import AttackSpec
 from harness.run._acceleration import as_input
 from harness.run.shards import RunShards
 from harness.run.stage import clean_stage, run_stage
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 
 FEW_EFFORT = 4  # iterations or queries of the shortened run
 FEW_SAMPLES = 2  # clean-correct calibration samples it attacks
@@ -59,7 +60,7 @@ class Calibration:
         _, ev, _ = clean_stage(ctx.defense, self.x, self.y, repeats=cfg.eval_repeats or 1, run_seed=cfg.seed, shard=0,
                                batch_size=cfg.batch_size, verifier=ctx.verifier, anchors=self.anchors)
         self.clean_seconds = (clock() - t0) / len(indices)  # per sample
-        correct = ev.attackable_under(cfg.decide_by or "mean").cpu()
+        correct = ev.attackable_under(cfg.decide_by or DEFAULT_DECIDE_BY).cpu()
         rows = [int(i) for i in torch.nonzero(correct).flatten()][:FEW_SAMPLES]
         self.correct = bool(rows)
         self.rows = rows or list(range(min(FEW_SAMPLES, len(indices))))

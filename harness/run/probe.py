@@ -33,6 +33,7 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.run.schedule import merge_per_sample, stage_extras
 from harness.run.stage import flag_dict, run_stage
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.intervals import clopper_pearson
 from harness.stats.scoring import attackable_after
 from harness.store.rundir import COLUMNS, RunStore
@@ -143,7 +144,7 @@ def extend_shard(ctx: Any, shard: int, indices: list[int], spec: AttackSpec, pla
             "remedy": "to run it on every sample, drop its probe (or give a larger one)",
             "value": entry["probe"]["bound"], "escalate": [], "shard": shard, "stage": stage})
     records = pd.concat([records[~at], frame], ignore_index=True).sort_values("stage", kind="stable")
-    state = attackable_after(records[records.stage <= stage], cfg.decide_by or "mean")
+    state = attackable_after(records[records.stage <= stage], cfg.decide_by or DEFAULT_DECIDE_BY)
     entry["robust_after"] = int(state.loc[indices].sum())
     store.write_shard(shard, records[COLUMNS].reset_index(drop=True), side, adv)
     ctx.bar(spec.name).update(len(indices))

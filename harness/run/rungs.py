@@ -26,6 +26,7 @@ from harness.battery.spec import AttackSpec
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verify
 from harness.run.stage import StageOutcome, finish_stage
 from harness.run.verdict import Agreement
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 
 # per attempted sample: the evaluation of its last rung, and what it cost
 _KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "violation", "differ", "open", "seconds")
@@ -33,7 +34,7 @@ _KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "viol
 
 def run_rung_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x: Tensor, y: Tensor,
                    robust_before: Tensor, *,
-                   rungs: list[int], decide_by: str = "mean", save: Callable[[dict[str, Any]], None] | None = None,
+                   rungs: list[int], decide_by: str = DEFAULT_DECIDE_BY, save: Callable[[dict[str, Any]], None] | None = None,
                    resume: dict[str, Any] | None = None,
                    **options: Any) -> tuple[StageOutcome, dict[str, Any], list[dict[str, Any]]]:
     """:func:`harness.run.stage.run_stage` in rungs (``rungs``: the iteration counts after which the decided

@@ -41,6 +41,7 @@ from harness.run.schedule import check_schedule
 from harness.run.shards import RunShards
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import DataSource
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
@@ -90,7 +91,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
     if cfg.eval_repeats is None:
         cfg.eval_repeats = 10 if defense.stochastic else 1
     if cfg.threat == corruption_stages.THREAT:
-        cfg.decide_by = cfg.decide_by or "mean"  # no cascade: every corruption stage evaluates every sample
+        cfg.decide_by = cfg.decide_by or DEFAULT_DECIDE_BY  # no cascade: every corruption stage evaluates every sample
         return cfg, defense, data, indices
     if cfg.attacks is None:  # no battery named: AutoAttack's advice, EOT (rand) for randomized defenses
         cfg.attacks = default_preset(defense.stochastic)
@@ -98,7 +99,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
                  "stochastic" if defense.stochastic else "deterministic")
     if not cfg.battery:
         cfg.battery = [s.to_dict() for s in resolve_battery(cfg.attacks, cfg.attack_opts)]
-    cfg.decide_by = cfg.decide_by or battery_decide_by(cfg.attacks) or "mean"  # the cascade's stop rule
+    cfg.decide_by = cfg.decide_by or battery_decide_by(cfg.attacks) or DEFAULT_DECIDE_BY  # the cascade's stop rule
     check_schedule([AttackSpec.from_dict(s) for s in cfg.battery], cfg.eps, cfg.norm, every_attack=cfg.every_attack,
                    sequential=cfg.until is not None)
     # build and resolve every entry now so a bad option fails before any work (logged after the preflight)

@@ -29,6 +29,7 @@ from harness.run.schedule import stage_extras
 from harness.run.stage import clean_stage, flag_dict, run_stage, skipped_stage, uses_dead_gradient
 from harness.run.verdict import Verifier
 from harness.sources.datasets import DataSource
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.scoring import attackable_after, stages
 from harness.store.partial import bytes_frame, drop_partial, frame_bytes, load_partial, save_partial
 from harness.store.rundir import COLUMNS, RunStore
@@ -127,7 +128,7 @@ class RunShards:
         def plan() -> ProbePlan:
             if not plans:
                 plans.append(plan_probe(self.store, self.n_shards, spec, phase.stage, decide_by=self.cfg.decide_by
-                                        or "mean", run_seed=self.cfg.seed, decided=phase.kind is PhaseKind.EXTEND))
+                                        or DEFAULT_DECIDE_BY, run_seed=self.cfg.seed, decided=phase.kind is PhaseKind.EXTEND))
             return plans[0]
 
         if phase.kind is PhaseKind.PROBE:
@@ -144,7 +145,7 @@ class RunShards:
         cfg = self.cfg
         return dict(grad=cfg.grad, eot=cfg.eot, repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
                     batch_size=self.batching.size, autocast=cfg.autocast, probe=self.probe, verifier=self.verifier,
-                    anchors=anchors, fresh=self.fresh, threat=self.threat, decide_by=cfg.decide_by or "mean")
+                    anchors=anchors, fresh=self.fresh, threat=self.threat, decide_by=cfg.decide_by or DEFAULT_DECIDE_BY)
 
     def job(self, names: list[str], done: Callable[[int], bool], work: Callable[[int, list[int]], Any]) -> ShardJob:
         """The shard protocol's job for one phase: ``done``/``work`` from :meth:`steps`, progress on skips."""
@@ -178,7 +179,7 @@ class RunShards:
         The shard's progress is stored after every stage and rung (:mod:`harness.store.partial`), so a resumed
         shard continues where it stopped."""
         cfg, summary = self.cfg, []
-        decide_by = cfg.decide_by or "mean"
+        decide_by = cfg.decide_by or DEFAULT_DECIDE_BY
         x, y = self.data.get(indices, self.device)
         x = as_input(x, cfg.channels_last)
         anchors = self.data.get(indices, self.device)[0]  # re-read: what the verdict checks the balls against

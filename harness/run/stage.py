@@ -31,6 +31,7 @@ from harness.battery.resolve import GradientProbe, Resolved, resolve
 from harness.battery.spec import AttackSpec
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, stage_threat, verified, verify
 from harness.run.verdict import Agreement, Verifier
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 
 
 @dataclass
@@ -82,7 +83,7 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
               grad: str | None, eot: int | None, repeats: int, run_seed: int, shard: int, batch_size: int,
               autocast: str = "none", probe: GradientProbe | None = None, verifier: Verifier | None = None,
               anchors: Tensor | None = None, fresh: Callable[[], Defense] | None = None,
-              threat: Threat | None = None, decide_by: str = "mean",
+              threat: Threat | None = None, decide_by: str = DEFAULT_DECIDE_BY,
               part: int = 0) -> tuple[StageOutcome, dict[str, Any], Evaluation]:
     """Run ``attack`` on the samples of a shard that are ``robust_before``; evaluate its adversarials.
 
@@ -116,7 +117,7 @@ def run_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x:
 
 def finish_stage(s: StageSetup, x: Tensor, robust_before: Tensor, result: AttackResult, judged: Judged,
                  passes: dict[str, Tensor], seconds: Tensor, *,
-                 decide_by: str = "mean") -> tuple[StageOutcome, dict[str, Any], Evaluation]:
+                 decide_by: str = DEFAULT_DECIDE_BY) -> tuple[StageOutcome, dict[str, Any], Evaluation]:
     """The outcome and the record columns of a stage from its attempted rows' answers (``result``), their
     evaluation (``judged``), and per attempted sample the passes and seconds spent on it."""
     ev, x_adv, idx, xa, ya = judged.ev, judged.x_adv, s.idx, s.xa, s.ya
