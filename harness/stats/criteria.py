@@ -146,7 +146,7 @@ def _mean(c: np.ndarray) -> np.ndarray:
 ALL = register_criterion(Criterion(
     "all", "robust in all R draws", _all, "robust in all R evaluation draws", "all draws", column="correct_all"))
 MAJORITY = register_criterion(Criterion(
-    "majority", "robust in more than half of the R draws (the majority vote)", _majority,
+    "majority", "robust in more than half of the R draws: the majority vote", _majority,
     "robust in the majority of the R evaluation draws", "majority", column="correct_majority"))
 MEAN = register_criterion(Criterion(
     "mean", "the fraction of the R draws robust", _mean,
