@@ -308,7 +308,9 @@ def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunC
 
 def merge(base: RunConfig, overrides: dict[str, Any], front: FrontEnd = FrontEnd.CLI) -> RunConfig:
     """``base`` with every non-None override applied (dict options are merged, overrides winning); a value that
-    does not fit the schema is refused naming the option as ``front``'s user wrote it."""
+    does not fit the schema is refused naming the option as ``front``'s user wrote it. Overrides that name attacks
+    or attack options drop the battery ``base`` resolved (a ``--config`` file's, a base config's): the run resolves
+    it again from them."""
     values = base.to_dict()
     for key, value in overrides.items():
         if value is None:
@@ -320,6 +322,8 @@ def merge(base: RunConfig, overrides: dict[str, Any], front: FrontEnd = FrontEnd
             values[key] = {**values[key], **value}
         else:
             values[key] = value
+    if overrides.get("attacks") is not None or overrides.get("attack_opts"):
+        values["battery"] = []
     return RunConfig(**values)
 
 
