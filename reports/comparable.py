@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.api.precision import Autocast
 from harness.api.records import BUDGET_COLUMNS
 from harness.api.threatspec import ThreatSpec
 from harness.battery.resolve import RESOLVER_OPTIONS
@@ -146,7 +147,7 @@ def _scoring(a: RunData, b: RunData) -> list[Mismatch]:
     if da != db and max(repeats(a), repeats(b)) > 1:  # with one draw all criteria are one
         out.append(Mismatch(Aspect.CRITERION, f"the cascade decided by {da} in {na} but by {db} in {nb} "
                                               "(decide_by: which samples were still attacked)"))
-    autocast_a, autocast_b = a.config.get("autocast", "none"), b.config.get("autocast", "none")
+    autocast_a, autocast_b = (run.config.get("autocast", Autocast.NONE.value) for run in (a, b))
     if autocast_a != autocast_b:  # the attacks' arithmetic precision, so their strength
         out.append(Mismatch(Aspect.PRECISION, f"autocast = {autocast_a} in {na} but {autocast_b} in {nb}"))
     return out

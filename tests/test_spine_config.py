@@ -99,3 +99,12 @@ def test_attacks_named_now_drop_a_resolved_battery_and_nothing_else_does(tmp_pat
     assert _config("none", None, base, {})[0].battery == battery  # harness.evaluate(config=base, ...)
     assert _config("none", "fgsm", base, {})[0].battery == []
     assert _config("none", None, base, {"attack_opts": {"steps": 3}})[0].battery == []
+
+
+def test_attack_opt_keys_name_an_entry_or_every_entry():
+    from harness.battery.spec import attack_opt_target, options_for
+
+    assert attack_opt_target("pgd.steps") == ("pgd", "steps") and attack_opt_target("steps") == ("", "steps")
+    opts = {"steps": 5, "esc-pgd.steps": 50, "esc-pgd.eot": 8, "pgd.steps": 7}
+    assert options_for("esc-pgd", opts) == {"steps": 50, "eot": 8}  # only that entry's own, not the bare ones
+    assert options_for("pgd", opts) == {"steps": 7} and options_for("apgd", None) == {}

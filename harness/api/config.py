@@ -22,6 +22,7 @@ import tomli_w
 
 from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
+from harness.api.precision import AUTOCAST_MODES, Autocast
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
@@ -98,7 +99,7 @@ class RunConfig:
     batch_size: int = 256
     device: str = "auto"
     threads: int | None = None  # torch CPU threads of the run's process (None: torch's default)
-    autocast: str = "none"
+    autocast: str = Autocast.NONE.value
     channels_last: bool = False  # networks and inputs in channels-last memory format (harness.run._acceleration)
     compile: bool = False  # the defense's networks behind torch.compile (harness.run._acceleration)
     save_adversarials: bool = False
@@ -152,7 +153,7 @@ RULES: dict[str, Rule] = {
     "subset": Rule(choices=tuple(SUBSETS)),
     "resize": Rule(low=1), "crop": Rule(low=1),
     "interpolation": Rule(choices=INTERPOLATIONS),
-    "autocast": Rule(choices=("none", "bf16")),
+    "autocast": Rule(choices=AUTOCAST_MODES),
     "module_mode": Rule(choices=("eval", "train")),
     "about": Rule(choices=tuple(s.value for s in Scope)),
 }

@@ -11,7 +11,7 @@ from typing import Any
 from harness.api.attack import ATTACKS
 from harness.api.config import load_toml, parse_literal
 from harness.battery.catalog import list_presets, preset_dirs, preset_entries, preset_path
-from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec
+from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec, attack_opt_target
 from harness.errors import MissingInputError, UsageError, did_you_mean
 from harness.stats.criteria import criterion_names
 
@@ -113,7 +113,7 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
         if not specs:
             raise UsageError("--attacks is empty; give a preset name, a TOML file or attack names")
     for key, value in (attack_opts or {}).items():
-        target, _, opt = key.rpartition(".")
+        target, opt = attack_opt_target(key)
         hits = [s for s in specs if not target or s.name == target]
         if target.startswith(ESCALATION_PREFIX):  # an escalation attack's option: applied if it is added
             continue
