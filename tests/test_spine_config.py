@@ -108,3 +108,11 @@ def test_attack_opt_keys_name_an_entry_or_every_entry():
     opts = {"steps": 5, "esc-pgd.steps": 50, "esc-pgd.eot": 8, "pgd.steps": 7}
     assert options_for("esc-pgd", opts) == {"steps": 50, "eot": 8}  # only that entry's own, not the bare ones
     assert options_for("pgd", opts) == {"steps": 7} and options_for("apgd", None) == {}
+
+
+def test_the_norms_are_declared_once():
+    from harness.api import threat, threatspec
+    from harness.api.config import rules
+
+    assert rules()["norm"].choices == threatspec.NORMS == threat.NORMS == ("Linf", "L2", "L1")
+    assert threat.Norm is threatspec.Norm

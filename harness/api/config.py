@@ -24,6 +24,7 @@ from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.precision import AUTOCAST_MODES, Autocast
 from harness.api.schema import NO_RULE, Rule, problem
+from harness.api.threatspec import NORMS
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
 from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem, parse_dataset
@@ -146,7 +147,7 @@ RULES: dict[str, Rule] = {
     "sample_seed": Rule(low=0, high=2 ** 32 - 1),
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
-    "norm": Rule(choices=("Linf", "L2", "L1")),
+    "norm": Rule(choices=NORMS),
     "threat": Rule(choices=("lp", "lowfreq", "corruptions")),
     "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),

@@ -8,15 +8,17 @@ object the harness enforces (:class:`harness.api.threat.Threat`).
 from __future__ import annotations
 
 import argparse
+import typing
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from harness.api.schema import number_or_fraction
 from harness.errors import UsageError
 
 KINDS: tuple[str, ...] = ("lp", "lowfreq", "corruptions")
 PERTURBATION_KINDS: tuple[str, ...] = ("lp", "lowfreq")  # the kinds with a set of perturbations attacks stay in
-SPEC_NORMS: tuple[str, ...] = ("Linf", "L2", "L1")
+Norm = Literal["Linf", "L2", "L1"]  # the norms of a perturbation's size, declared once
+NORMS: tuple[str, ...] = typing.get_args(Norm)
 DEFAULT_BAND = 8  # of 32 on CIFAR-10: 8 x 8 of the 32 x 32 DCT frequencies per channel (1/16 of the dimensions)
 LOWFREQ_NORM = "L2"  # the low-frequency set is an l2 ball inside the band (its size compares with l2 attacks)
 
@@ -44,8 +46,8 @@ class ThreatSpec:
             raise UsageError(f"unknown threat model {self.kind!r}; accepted: {', '.join(KINDS)}")
         if self.kind == "corruptions":
             return
-        if self.norm not in SPEC_NORMS:
-            raise UsageError(f"unknown norm {self.norm!r}; accepted: {', '.join(SPEC_NORMS)}")
+        if self.norm not in NORMS:
+            raise UsageError(f"unknown norm {self.norm!r}; accepted: {', '.join(NORMS)}")
         if not self.eps >= 0:  # also rejects NaN
             raise UsageError(f"eps must be >= 0, got {self.eps}")
         if self.kind == "lowfreq":
@@ -77,11 +79,11 @@ class ThreatSpec:
         (``lowfreq:1``: norm L2). Keys: ``band`` (lowfreq) and ``options`` (returned as text, e.g. ``attacks``)."""
         parts = [p.strip() for p in text.split(":")]
         kind = parts.pop(0) if parts and parts[0] in KINDS else "lp"
-        norm = parts.pop(0) if parts and parts[0] in SPEC_NORMS else (LOWFREQ_NORM if kind == "lowfreq" else "")
+        norm = parts.pop(0) if parts and parts[0] in NORMS else (LOWFREQ_NORM if kind == "lowfreq" else "")
         accepted = ("band", *options) if kind == "lowfreq" else options
         if not norm or not parts or "=" in parts[0]:
             raise UsageError(f"threat model {text!r}: expected [KIND:]NORM:EPS[:KEY=VALUE...] with KIND one of "
-                             f"{', '.join(KINDS[:2])} and NORM one of {', '.join(SPEC_NORMS)}, e.g. Linf:8/255, L2:1 "
+                             f"{', '.join(KINDS[:2])} and NORM one of {', '.join(NORMS)}, e.g. Linf:8/255, L2:1 "
                              "or lowfreq:L2:1:band=8")
         try:
             eps = number_or_fraction(parts.pop(0))

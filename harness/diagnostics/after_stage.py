@@ -38,7 +38,7 @@ from torch import Tensor
 
 from harness.api.eot import agreement
 from harness.api.evaluation import correct
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.losses import cross_entropy
 from harness.api.target import Target
 from harness.api.threat import ThreatModel, project_ball
@@ -310,7 +310,7 @@ def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False
     """The flags of the clean stage (ties, a fresh instance disagreeing), in the stored flag format; ``name`` and
     ``stage`` name another stage that evaluates fixed inputs (a corruption, ``harness.run.corruption_stages``)."""
     flags = [f for f in (_tie_flag(ev.tied, name), _disagreement_flag(agreement, name, stochastic)) if f]
-    return [{**f.to_dict(), "code": f.code.value, "shard": shard, "stage": stage} for f in flags]
+    return [StoredFlag(**f.to_dict(), shard=shard, stage=stage).to_dict() for f in flags]
 
 
 CHECKS = (check_ties, check_verdict, check_acc_trace, check_probability_logits, check_nonfinite, check_threat_model, check_gradients, check_loss_flat, check_eot,

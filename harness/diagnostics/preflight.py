@@ -39,7 +39,7 @@ from harness.api._seeding import seeded
 from harness.api._validation import check_deterministic, check_logits, defense_name, output_difference
 from harness.api.defense import Defense
 from harness.api.evaluation import TIED, predictions
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.target import Target
 from harness.api.threat import check_data_in_bounds, project_ball
 from harness.battery.resolve import GradientProbe
@@ -90,8 +90,7 @@ class Preflight:
 
 def _finding(code: FlagCode, message: str, remedy: str, value: float = math.nan,
              escalate: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"code": code.value, "attack": "preflight", "message": message, "remedy": remedy, "value": value,
-            "escalate": list(escalate or []), "shard": 0, "stage": STAGE}
+    return StoredFlag(code, "preflight", message, remedy, value, list(escalate or []), shard=0, stage=STAGE).to_dict()
 
 
 def offered_modes(defense: Defense) -> tuple[str, ...]:

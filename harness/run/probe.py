@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from harness.api._seeding import SEED_PROBE, derive_seed
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.records import PROBE_SKIP
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
@@ -139,10 +139,9 @@ def extend_shard(ctx: Any, shard: int, indices: list[int], spec: AttackSpec, pla
         entry.update(attempted=int(frame.attempted.sum()), **extras)
     elif deferred.any():
         frame.loc[deferred, "skipped"] = plan.unbroken()
-        side["diagnostics"].append({
-            "code": FlagCode.PROBE_ONLY.value, "attack": spec.name, "message": plan.unbroken(),
-            "remedy": "to run it on every sample, drop its probe (or give a larger one)",
-            "value": entry["probe"]["bound"], "escalate": [], "shard": shard, "stage": stage})
+        side["diagnostics"].append(StoredFlag(
+            FlagCode.PROBE_ONLY, spec.name, plan.unbroken(), "to run it on every sample, drop its probe (or give a "
+            "larger one)", entry["probe"]["bound"], shard=shard, stage=stage).to_dict())
     records = pd.concat([records[~at], frame], ignore_index=True).sort_values("stage", kind="stable")
     state = attackable_after(records[records.stage <= stage], cfg.decide_by or DEFAULT_DECIDE_BY)
     entry["robust_after"] = int(state.loc[indices].sum())
