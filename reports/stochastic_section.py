@@ -1,7 +1,7 @@
 """Report section for stochastic defenses: worst-case accuracy under every registered criterion
-(:mod:`harness.stats.criteria`: all / majority / mean over draws, and any a plugin added) side by side, each exactly as the main table shows it under
-that criterion (same worst case, same headline interval), and the between-seed standard
-deviation when several seeds are recorded."""
+(:mod:`harness.stats.criteria`: all / majority / mean over draws, and any a plugin added) side by side, each
+exactly as the main table shows it under that criterion (same worst case, same headline interval), and the
+between-seed standard deviation when several seeds are recorded."""
 from __future__ import annotations
 
 from harness.stats.criteria import BUILTIN_CRITERIA, list_criteria
