@@ -3,7 +3,7 @@
 Schema (fractions in [0, 1])::
 
     {"run": str, "defense": str, "dataset": str, "n": int,
-     "criterion": "all" | "majority" | "mean",          # extension: stochastic criterion shown
+     "criterion": "all" | "majority" | "mean" | ...,    # extension: stochastic criterion shown (registered name)
      "threat_model": {"kind": "lp" | "lowfreq" | "corruptions", "norm": "Linf" | "L2" | "L1" | null,
                       "eps": float | null, "eps_text": "8/255" | null, "band": int | null,
                       "corruptions": [str, ...] | null, "severities": [int, ...] | null},

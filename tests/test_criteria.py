@@ -32,12 +32,14 @@ from harness.reports.outcomes import WORST, outcome_table
 from harness.reports.stochastic_section import stochastic_cells, stochastic_rows
 from harness.reports.table import Settings, build_table, cell_text
 from harness.sources.datasets import load_test_set
-from harness.stats.scoring import CRITERIA, attackable_rows, stage_score, still_attackable, worst_case
+from harness.stats.criteria import BUILTIN_CRITERIA
+from harness.stats.scoring import attackable_rows, stage_score, still_attackable, worst_case
 from harness.stats.stochastic import compare_criteria
 from harness.store.rundir import load_records
 
 R = 10
 RESAMPLES = 2_000
+CRITERIA = [c.name for c in BUILTIN_CRITERIA]
 
 
 class _Shift(Attack):

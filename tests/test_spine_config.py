@@ -81,3 +81,38 @@ def test_derived_seeds_are_stable_and_distinct():
     assert derive_seed(0, 1, 2, 0) == derive_seed(0, 1, 2, 0)
     seeds = {derive_seed(s, sh, st, p) for s in range(2) for sh in range(3) for st in range(3) for p in range(3)}
     assert len(seeds) == 54 and all(0 <= s < 2 ** 63 for s in seeds)
+
+
+def test_attacks_named_now_drop_a_resolved_battery_and_nothing_else_does(tmp_path):
+    from harness.cli import build_parser
+    from harness.cli.run import config_from_args
+    from harness.front.evaluation import _config
+
+    battery = [{"name": "pgd-ce", "attack": "pgd", "options": {"steps": 7}}]
+    base = RunConfig(attacks="pgd", battery=battery, out=str(tmp_path / "runs"))
+    assert merge(base, {"n": 5}).battery == battery
+    assert merge(base, {"attacks": "fgsm"}).battery == [] and merge(base, {"attack_opts": {"steps": 3}}).battery == []
+    write_config(base, tmp_path / "run.toml")  # the command line: --config FILE, then --attacks or --attack-opt
+    for extra, kept in (([], True), (["--attacks", "fgsm"], False), (["--attack-opt", "steps=3"], False)):
+        args = build_parser().parse_args(["run", "--config", str(tmp_path / "run.toml"), *extra])
+        assert (config_from_args(args).battery == battery) is kept
+    assert _config("none", None, base, {})[0].battery == battery  # harness.evaluate(config=base, ...)
+    assert _config("none", "fgsm", base, {})[0].battery == []
+    assert _config("none", None, base, {"attack_opts": {"steps": 3}})[0].battery == []
+
+
+def test_attack_opt_keys_name_an_entry_or_every_entry():
+    from harness.battery.spec import attack_opt_target, options_for
+
+    assert attack_opt_target("pgd.steps") == ("pgd", "steps") and attack_opt_target("steps") == ("", "steps")
+    opts = {"steps": 5, "esc-pgd.steps": 50, "esc-pgd.eot": 8, "pgd.steps": 7}
+    assert options_for("esc-pgd", opts) == {"steps": 50, "eot": 8}  # only that entry's own, not the bare ones
+    assert options_for("pgd", opts) == {"steps": 7} and options_for("apgd", None) == {}
+
+
+def test_the_norms_are_declared_once():
+    from harness.api import threat, threatspec
+    from harness.api.config import rules
+
+    assert rules()["norm"].choices == threatspec.NORMS == threat.NORMS == ("Linf", "L2", "L1")
+    assert threat.Norm is threatspec.Norm

@@ -12,7 +12,8 @@ harness.api.flags`` prints it). A diagnostic defined outside the harness registe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable
 
@@ -234,6 +235,27 @@ def check_codes(flags: Iterable[dict[str, Any]], *, source: str) -> None:
     """Raise (naming ``source``) if any stored flag has a missing or unknown ``code``."""
     for flag in flags:
         parse_code(flag.get("code") if isinstance(flag, dict) else None, source=source)
+
+
+@dataclass(frozen=True)
+class StoredFlag:
+    """A flag of one shard and stage as it is stored in the shard's side data (``diagnostics``): a diagnostic's
+    finding (``harness.diagnostics``), a first-batch finding (stage 0, attack ``preflight``) or a stage's own (a
+    probed stage that broke nothing). The one constructor of that format: :meth:`to_dict` is what is written."""
+
+    code: FlagCode
+    attack: str
+    message: str
+    remedy: str = ""
+    value: Any = math.nan  # the measured value (a number, or what the check reports)
+    escalate: list[dict[str, Any]] = field(default_factory=list)  # battery entries it asks to add
+    shard: int = 0
+    stage: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": FlagCode(self.code).value, "attack": self.attack, "message": self.message,
+                "remedy": self.remedy, "value": self.value, "escalate": list(self.escalate), "shard": self.shard,
+                "stage": self.stage}
 
 
 if __name__ == "__main__":

@@ -20,16 +20,16 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from harness.api.threatspec import NORMS as NORMS  # re-exported: the threat objects' norms are the spec's
+from harness.api.threatspec import Norm as Norm
 from harness.api.threatspec import describe_eps
 from harness.errors import UsageError
 
-Norm = Literal["Linf", "L2", "L1"]
-NORMS: tuple[str, ...] = ("Linf", "L2", "L1")
 TOLERANCE = 1e-5  # relative: of max(eps, bounds range) for the ball, of the bounds range for the bounds
 
 

@@ -12,8 +12,9 @@ threat model is a ``Threat`` class and one ``register_threat`` call, in the harn
 from __future__ import annotations
 
 import argparse
+import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Literal, Mapping, Union
 
 from harness.api.schema import Rule, number_or_fraction, problem
 from harness.errors import UsageError
@@ -79,7 +80,8 @@ register_threat("lp", "harness.api.threatbuild:norm_ball")
 register_threat("lowfreq", "harness.api.threatbuild:low_frequency")
 register_threat("corruptions", None)
 
-SPEC_NORMS: tuple[str, ...] = ("Linf", "L2", "L1")
+Norm = Literal["Linf", "L2", "L1"]  # the norms of a perturbation's size, declared once
+NORMS: tuple[str, ...] = typing.get_args(Norm)
 DEFAULT_BAND = 8  # of 32 on CIFAR-10: 8 x 8 of the 32 x 32 DCT frequencies per channel (1/16 of the dimensions)
 LOWFREQ_NORM = "L2"  # the low-frequency set is an l2 ball inside the band (its size compares with l2 attacks)
 
@@ -105,8 +107,8 @@ class ThreatSpec:
     def __post_init__(self) -> None:
         if not threat_kind(self.kind).perturbations:
             return
-        if self.norm not in SPEC_NORMS:
-            raise UsageError(f"unknown norm {self.norm!r}; accepted: {', '.join(SPEC_NORMS)}")
+        if self.norm not in NORMS:
+            raise UsageError(f"unknown norm {self.norm!r}; accepted: {', '.join(NORMS)}")
         if not self.eps >= 0:  # also rejects NaN
             raise UsageError(f"eps must be >= 0, got {self.eps}")
         if self.kind == "lowfreq":
@@ -138,11 +140,11 @@ class ThreatSpec:
         (``lowfreq:1``: norm L2). Keys: ``band`` (lowfreq) and ``options`` (returned as text, e.g. ``attacks``)."""
         parts = [p.strip() for p in text.split(":")]
         kind = parts.pop(0) if parts and parts[0] in _KINDS else "lp"
-        norm = parts.pop(0) if parts and parts[0] in SPEC_NORMS else (LOWFREQ_NORM if kind == "lowfreq" else "")
+        norm = parts.pop(0) if parts and parts[0] in NORMS else (LOWFREQ_NORM if kind == "lowfreq" else "")
         accepted = ("band", *options) if kind == "lowfreq" else options
         if not norm or not parts or "=" in parts[0]:
             raise UsageError(f"threat model {text!r}: expected [KIND:]NORM:EPS[:KEY=VALUE...] with KIND one of "
-                             f"{', '.join(perturbation_kinds())} and NORM one of {', '.join(SPEC_NORMS)}, e.g. Linf:8/255, L2:1 "
+                             f"{', '.join(perturbation_kinds())} and NORM one of {', '.join(NORMS)}, e.g. Linf:8/255, L2:1 "
                              "or lowfreq:L2:1:band=8")
         try:
             eps = number_or_fraction(parts.pop(0))

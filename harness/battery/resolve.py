@@ -40,6 +40,7 @@ from harness.api.attack import Attack
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.gradmodes import GRAD_MODES
+from harness.api.precision import Autocast
 from harness.api.target import Target
 from harness.battery.spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
 from harness.errors import UsageError
@@ -98,15 +99,15 @@ def _check_eot(value: Any, where: str) -> int:
 
 
 def resolve(spec: AttackSpec, attack: Attack, *, stochastic: bool, run_grad: str | None = None,
-            run_eot: int | None = None, autocast: str = "none", probe: GradientProbe | None = None) -> Resolved:
+            run_eot: int | None = None, autocast: str = Autocast.NONE.value, probe: GradientProbe | None = None) -> Resolved:
     """Resolve ``spec``'s gradient mode and EOT (table in the module docstring) for ``attack`` (built from
     ``spec``) on a defense that is ``stochastic`` or not; ``run_grad``/``run_eot`` are the run's flags
     (``None``: not given), ``probe`` the first-batch gradient probe (``None``: every mode taken as live).
     Raises on a conflicting explicit setting, or an attack that cannot run under ``autocast``."""
     caps, name = attack.capabilities, spec.name
-    if autocast != "none" and not caps.supports_autocast:
+    if Autocast.parse(autocast) is not Autocast.NONE and not caps.supports_autocast:
         raise UsageError(f"--autocast {autocast}: attack {name!r} ({spec.attack}) does not support autocast; "
-                         "run it with --autocast none or drop it from the battery")
+                         f"run it with --autocast {Autocast.NONE.value} or drop it from the battery")
     opt_where, entry_where = f"attack {name!r} option", f"battery entry {name!r}"
     opt_grad = None if spec.options.get("grad") is None else _check_grad(spec.options["grad"], opt_where)
     entry_grad = None if spec.grad is None else _check_grad(spec.grad, entry_where)

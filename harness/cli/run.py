@@ -56,9 +56,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """File config (if any) overridden by the flags that were given."""
     base = config_from_mapping(load_toml(args.config, "--config file"), source=args.config) if args.config else RunConfig()
     overrides = config_overrides(args)
-    cfg = merge(base, overrides)
-    if args.attacks is not None or args.attack_opts:
-        cfg.battery = []  # re-resolve from the given --attacks rather than a battery in the file
+    cfg = merge(base, overrides)  # a given --attacks or --attack-opt drops the file's resolved battery
     check_destination(cfg)
     return cfg
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.api._seeding import seeded
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.diagnostics import escalation
 from harness.diagnostics.checks import checks
 from harness.diagnostics.evidence import Evidence, Flag, StageEvidence
@@ -88,4 +88,4 @@ def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False
     """The flags of the clean stage (ties, a fresh instance disagreeing), in the stored flag format; ``name`` and
     ``stage`` name another stage that evaluates fixed inputs (a corruption, ``harness.run.corruption_stages``)."""
     flags = [f for f in (tie_flag(ev.tied, name), disagreement_flag(agreement, name, stochastic)) if f]
-    return [{**f.to_dict(), "code": f.code.value, "shard": shard, "stage": stage} for f in flags]
+    return [StoredFlag(**f.to_dict(), shard=shard, stage=stage).to_dict() for f in flags]

@@ -39,7 +39,7 @@ from harness.api._seeding import seeded
 from harness.api._validation import check_deterministic, check_logits, defense_name, output_difference
 from harness.api.defense import Defense
 from harness.api.evaluation import TIED, predictions
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.target import Target
 from harness.api.threat import check_data_in_bounds, project_ball
 from harness.battery.resolve import GradientProbe
@@ -95,7 +95,7 @@ def _finding(code: FlagCode, message: str, value: float = math.nan, setting: Set
     flag = Flag(code, "preflight", message, value)
     if setting is not None:
         escalated(flag, setting)
-    return {**flag.to_dict(), "code": code.value, "shard": 0, "stage": STAGE}
+    return StoredFlag(**flag.to_dict(), shard=0, stage=STAGE).to_dict()
 
 
 def offered_modes(defense: Defense) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ from harness.reports.compare import RunComparison, compare_runs
 from harness.reports.description import RunDescription
 from harness.reports.outcomes import WORST
 from harness.reports.table import Cell
+from harness.stats.criteria import DEFAULT_REPORT_CRITERION
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -53,7 +54,7 @@ class Result:
     so); ``criterion``, ``confidence``, ``seed`` and ``n_resamples`` are the report settings (``harness report``'s
     options of the same names)."""
 
-    def __init__(self, run_dir: str | Path, *, partial: bool = False, criterion: str = "all",
+    def __init__(self, run_dir: str | Path, *, partial: bool = False, criterion: str = DEFAULT_REPORT_CRITERION,
                  confidence: float = 0.95, seed: int = 0, n_resamples: int = 10_000) -> None:
         self.run_dir = Path(run_dir)
         self.settings = Settings(criterion=criterion, confidence=confidence, seed=seed, n_resamples=n_resamples)

@@ -21,6 +21,7 @@ from harness.api._seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERI
 from harness.api.attack import Attack, AttackResult
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
+from harness.api.precision import Autocast
 from harness.api.target import Target, Witnesses
 from harness.api.threat import Threat, check_data_in_bounds
 from harness.battery.spec import AttackSpec
@@ -208,8 +209,7 @@ def _use_witnesses(s: StageSetup, answers: tuple[Tensor, Tensor], ev: Evaluation
 
 
 def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if mode in (None, "none"):
+    dtype = Autocast.parse(mode).dtype
+    if dtype is None:
         return contextlib.nullcontext()
-    if mode == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise ValueError(f"unknown autocast mode {mode!r}; accepted: none, bf16")
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))

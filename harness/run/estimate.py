@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.api.defense import Defense
-from harness.battery.spec import AttackSpec
+from harness.battery.spec import AttackSpec, options_for
 from harness.diagnostics import escalation
 from harness.diagnostics.merge import collect_escalations
 from harness.run.fullcost import Calibration, FullCost
@@ -305,9 +305,7 @@ def _possible(cal: Calibration, base: list[AttackSpec], taken: set[str], survivo
             if entry["name"] in taken:
                 continue
             taken.add(entry["name"])
-            for key, value in (cfg.attack_opts or {}).items():  # esc-NAME.KEY, as the run applies them
-                if key.rpartition(".")[0] == entry["name"]:
-                    entry["options"][key.rpartition(".")[2]] = value
+            entry["options"].update(options_for(entry["name"], cfg.attack_opts))  # esc-NAME.KEY, as the run does
             esc = AttackSpec.from_dict(entry)
             price = cal.full_cost(len(base) + 1, esc)
             if price is not None:

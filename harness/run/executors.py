@@ -19,11 +19,11 @@ import json
 import logging
 import os
 import platform
-from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from harness.api.config import RunConfig
 from harness.api.defense import create_defense
+from harness.api.registry import absolute_spec
 from harness.diagnostics.preflight import Preflight
 from harness.errors import HarnessError, SetupError, UsageError
 from harness.progress import progress_bar, shard_text
@@ -204,9 +204,7 @@ def job_spec(ctx: RunShards, n_shards: int) -> dict[str, Any]:
     resolved them; paths made absolute) and the run directory. A worker builds its defense from the config and its
     context from the driver's first-batch checks, stored in provenance; it resolves nothing again."""
     cfg = ctx.context.config.to_dict()
-    target, sep, attr = cfg["defense"].rpartition(":")
-    if sep and (target.endswith(".py") or "/" in target or "\\" in target):  # a file.py:factory spec
-        cfg["defense"] = f"{Path(target).expanduser().resolve()}:{attr}"
+    cfg["defense"] = absolute_spec(cfg["defense"])  # a file.py:factory spec: its file, absolute
     cfg.update(quiet=True, data_root=str(resolve_root(cfg["data_root"]).resolve()))
     return {"config": cfg, "run_dir": str(ctx.store.dir.resolve()), "n_shards": n_shards}
 

@@ -26,6 +26,7 @@ from harness.api.threatspec import ThreatSpec, perturbation_kinds
 from harness.battery.resolve import GradientProbe, Resolved, check_threat_kind, resolve
 from harness.battery.spec import AttackSpec
 from harness.run.verdict import Verifier
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class RunContext:
     @property
     def decide_by(self) -> str:
         """The criterion under which a sample stays attackable."""
-        return str(self.config.decide_by or "mean")
+        return str(self.config.decide_by or DEFAULT_DECIDE_BY)
 
     @property
     def seed(self) -> int:

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from harness.api._seeding import SEED_PROBE, derive_seed
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.records import PROBE_SKIP
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
@@ -128,10 +128,8 @@ def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePl
         part, summary = _extend(host, shard, indices, stage, (part, deferred), side, adv)
     elif deferred.any():
         part.loc[deferred, "skipped"] = plan.unbroken()
-        side["diagnostics"].append({
-            "code": FlagCode.PROBE_ONLY.value, "attack": name, "message": plan.unbroken(),
-            "remedy": FlagCode.PROBE_ONLY.remedy,
-            "value": entry["probe"]["bound"], "escalate": [], "shard": shard, "stage": stage.stage})
+        side["diagnostics"].append(StoredFlag(FlagCode.PROBE_ONLY, name, plan.unbroken(), FlagCode.PROBE_ONLY.remedy,
+                                              entry["probe"]["bound"], shard=shard, stage=stage.stage).to_dict())
     records = pd.concat([records[~at], part], ignore_index=True).sort_values("stage", kind="stable")
     state = attackable_after(records[records.stage <= stage.stage], context.decide_by)
     entry["robust_after"] = int(state.loc[indices].sum())

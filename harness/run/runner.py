@@ -43,6 +43,7 @@ from harness.run.schedule import check_schedule
 from harness.run.shards import RunShards
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import DataSource
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
@@ -87,7 +88,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
     if cfg.eval_repeats is None:
         resolved["eval_repeats"] = 10 if defense.stochastic else 1
     if cfg.threat == corruption_stages.THREAT:
-        resolved["decide_by"] = cfg.decide_by or "mean"  # no cascade: every corruption stage evaluates every sample
+        resolved["decide_by"] = cfg.decide_by or DEFAULT_DECIDE_BY  # no cascade: every corruption stage evaluates every sample
         return dataclasses.replace(cfg, **resolved), defense, data, indices
     return _resolve_battery(dataclasses.replace(cfg, **resolved), defense), defense, data, indices
 
@@ -119,7 +120,7 @@ def _resolve_battery(cfg: RunConfig, defense: Defense) -> RunConfig:
                  "stochastic" if defense.stochastic else "deterministic")
     battery = cfg.battery or [s.to_dict() for s in resolve_battery(attacks, cfg.attack_opts)]
     cfg = dataclasses.replace(cfg, attacks=attacks, battery=battery,
-                              decide_by=cfg.decide_by or battery_decide_by(attacks) or "mean")  # the stop rule
+                              decide_by=cfg.decide_by or battery_decide_by(attacks) or DEFAULT_DECIDE_BY)  # the stop rule
     specs = [AttackSpec.from_dict(s) for s in battery]
     check_schedule(specs, cfg.eps, cfg.norm, every_attack=cfg.every_attack, sequential=cfg.until is not None)
     check_battery(specs, defense, cfg)

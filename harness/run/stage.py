@@ -22,7 +22,7 @@ from harness.api._seeding import SEED_ATTACK, SEED_EVAL, SEED_VERIFY
 from harness.api.attack import Attack, AttackBudget, AttackResult, perturbation_norms
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.passes import PassCount, counting
 from harness.api.records import MISSING, NULLABLE, not_attempted, null_where
 from harness.api.target import Target
@@ -198,7 +198,7 @@ def flag_dict(flag: Any, outcome: StageOutcome) -> dict[str, Any]:
         spec = spec.to_dict() if isinstance(spec, AttackSpec) else AttackSpec.from_dict(spec).to_dict()
         escalate.append(spec)
     value = get("value")
-    return {"code": FlagCode(get("code")).value, "attack": str(get("attack", outcome.attack_name) or outcome.attack_name),
-            "message": str(get("message", "")), "remedy": str(get("remedy", "")),
-            "value": float(value) if isinstance(value, (int, float, np.floating)) else value,
-            "escalate": escalate, "shard": outcome.shard, "stage": outcome.stage}
+    return StoredFlag(FlagCode(get("code")), str(get("attack", outcome.attack_name) or outcome.attack_name),
+                      str(get("message", "")), str(get("remedy", "")),
+                      float(value) if isinstance(value, (int, float, np.floating)) else value, escalate,
+                      shard=outcome.shard, stage=outcome.stage).to_dict()
