@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,13 @@ from torch import nn
 
 from harness.api.defense import Defense
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# The test folders mirror the rooms of harness/; their modules keep one flat namespace (every file name unique, as
+# pytest's default import mode needs), so a test imports the helpers here and another folder's test module by name.
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 class TinyCNN(nn.Module):

@@ -12,7 +12,7 @@ from harness.api.flags import FlagCode, check_codes, parse_code
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import escalation
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_code_raised_in_the_source_is_a_member():
