@@ -124,6 +124,15 @@ def cifar_root() -> Path:
     return root
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs ``pytest -n auto``) each worker process is one of as many as there are
+    cores: one torch thread in it and in the processes it starts (the CLI's, the isolated verdict's), so the workers
+    do not oversubscribe the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that reads the real CIFAR-10 (the ``cifar_root`` fixture) is ``slow`` by that alone, so
     ``pytest -m "not slow"`` is the quick loop without marking each such test by hand."""
