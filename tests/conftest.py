@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,13 @@ from torch import nn
 
 from harness.api.defense import Defense
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# The test folders mirror the rooms of harness/; their modules keep one flat namespace (every file name unique, as
+# pytest's default import mode needs), so a test imports the helpers here and another folder's test module by name.
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 class TinyCNN(nn.Module):
@@ -147,6 +154,15 @@ def cifar_root() -> Path:
     if not (root / "cifar10_test.npz").is_file():
         pytest.skip(f"real CIFAR-10 not found at {root} (set HARNESS_DATA)")
     return root
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs ``pytest -n auto``) each worker process is one of as many as there are
+    cores: one torch thread in it and in the processes it starts (the CLI's, the isolated verdict's), so the workers
+    do not oversubscribe the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -138,7 +138,7 @@ def builtin_attacks() -> list[str]:
             and getattr(ATTACKS.get(n), "__module__", "").startswith("harness.attacks.")]
 
 
-# -- defenses that are not a function of each input (tests/test_verdict_zoo.py) ----------------------------------
+# -- defenses that are not a function of each input (tests/run/test_verdict_zoo.py) ----------------------------------
 # Each wraps a CIFAR-10 classifier (the tests use at-small); ``true_function`` is what each should be measured as.
 FUNCTION_ZOO = ("constant", "zeros-off-grid", "inplace-purifier", "memory", "grad-differs", "jpeg-like")
 

@@ -13,14 +13,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_adaptive_cost import _probe_run
 
 import harness
 from harness.api.records import SCHEMA
 from harness.reports import render
 from harness.store.rundir import FORMAT_VERSION, load_records
-from test_adaptive_cost import _probe_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "results-format.md"
 # the shipped 1,000-image adaptive-fast run of a3-small: decide_by = "all", Square probed
 SHIPPED = ROOT / "results" / "cifar10-adaptive-cost" / "a3-small-cifar10-8b332fb671"

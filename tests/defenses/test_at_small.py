@@ -117,7 +117,7 @@ def test_shipped_adaptive_battery_runs_and_is_counted(tmp_path, tiny_data_root, 
     """results/cifar10-linf/a3-adaptive.toml as shipped (its steps cut to 2): the mask-aware joint-rec and the
     transfers from both branches run and their passes are counted."""
     monkeypatch.setitem(small_cnn.DEFAULT_WEIGHTS, "a3", _weights(tmp_path, a3=True, name="a3_small.pt"))
-    battery = Path(__file__).resolve().parents[1] / "results" / "cifar10-linf" / "a3-adaptive.toml"
+    battery = Path(__file__).resolve().parents[2] / "results" / "cifar10-linf" / "a3-adaptive.toml"
     assert main(["run", "--data-root", str(tiny_data_root), "--out", str(tmp_path / "runs"), "--quiet", "--device",
                  "cpu", "--n", "8", "--attacks", str(battery), "--attack-opt", "steps=2", "--defense", "a3-small",
                  "--run-id", "r", "--every-attack", "--no-escalate"]) == 0

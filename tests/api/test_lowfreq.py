@@ -16,7 +16,7 @@ import scipy.optimize
 import torch
 
 import harness.run.runner as runner
-from conftest import TinyCNN, run_single_stage, synthetic_images
+from conftest import TESTS, TinyCNN, run_single_stage, synthetic_images
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
@@ -289,7 +289,7 @@ def test_records_written_before_the_threat_columns_read_as_lp(tmp_path) -> None:
 # -- one command for unseen threats ------------------------------------------------------------------------------------
 def test_threats_command_gives_one_table_over_threat_models(tiny_data_root, tmp_path, capsys) -> None:
     factory = tmp_path / "tiny_defense.py"
-    factory.write_text(f"import sys\nsys.path.insert(0, {str(sys.path[0])!r})\nfrom conftest import tiny_defense\n"
+    factory.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom conftest import tiny_defense\n"
                        "def make():\n    return tiny_defense()\n")
     args = ["threats", "--defense", f"{factory}:make", "--data-root", str(tiny_data_root), "--out",
             str(tmp_path / "runs"), "--n", "8", "--device", "cpu", "--quiet", "--no-escalate", "--shard-size", "8",

@@ -22,7 +22,7 @@ from harness.api.records import (
 )
 from harness.store.rundir import SCHEMA
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "results-format.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results-format.md"
 
 
 def test_the_docs_table_is_the_generated_one() -> None:

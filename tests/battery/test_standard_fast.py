@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_adaptive_cost import TriggerAttack  # noqa: F401  (registers test-trigger)
 from torch import Tensor, nn
 
 import harness.run.runner as runner
@@ -17,7 +18,6 @@ from harness.api.target import Target
 from harness.attacks.apgd_targeted import APGDTargeted
 from harness.battery.presets import resolve_battery
 from harness.store.rundir import TIMING_COLUMNS, load_diagnostics, load_records, load_side
-from test_adaptive_cost import TriggerAttack  # noqa: F401  (registers test-trigger)
 
 SHAPE = (3, 4, 4)
 

@@ -2,7 +2,7 @@
 sample it failed on), later battery stages in that mode are skipped there and recorded as skipped; the
 escalation still runs and the verdict is the same as with every stage run. (These runs switch the first-batch
 gradient probe off, which would otherwise move every attack off the dead mode before it starts:
-tests/test_verdict_zoo.py.)"""
+tests/run/test_verdict_zoo.py.)"""
 from __future__ import annotations
 
 import json

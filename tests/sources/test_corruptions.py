@@ -62,7 +62,7 @@ def test_the_corrupted_bytes_are_those_recorded_on_the_machine_that_made_the_shi
     """Across machines: the SHA-256 of every corruption of fixed images equals the digest recorded here, for the same
     generator and package versions (another machine's CPU or BLAS must not change a byte). Other versions make other
     bytes by design (the cache regenerates them): if bytes differ, the test then says which and is skipped. Regenerate the file
-    after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_corruptions.py``."""
+    after an intended change with ``UPDATE_GOLDEN=1 pytest tests/sources/test_corruptions.py``."""
     import os
 
     from harness.sources.corruptions import generator_info

@@ -1,7 +1,7 @@
 """Report tables: golden files for every format, the JSON schema, cascade semantics, flags and the
 report / claim / compare commands.
 
-Regenerate the golden files after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_reports_formats.py``.
+Regenerate the golden files after an intended change with ``UPDATE_GOLDEN=1 pytest tests/reports/test_formats.py``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from harness.reports.outcomes import outcome_table
 from harness.reports.synthetic import synthetic_records, write_synthetic_run
 from harness.reports.table import Settings, build_table
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 DIAG = [{"code": "loss-flat", "attack": "apgd-ce", "message": "loss flat", "remedy": "use bpda",
          "value": 0.0, "escalated": False}]
 
@@ -273,6 +273,6 @@ def test_every_fired_flag_is_explained_under_the_table_and_its_cells_are_marked(
 def test_every_flag_code_has_an_explanation_and_a_docs_section() -> None:
     from harness.api.flags import EXPLANATIONS, FlagCode
 
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "flags.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "flags.md").read_text()
     assert set(EXPLANATIONS) == set(FlagCode)
     assert all(f"## `{code.value}`" in docs for code in FlagCode)

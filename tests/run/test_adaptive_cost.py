@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_criteria import Minus, _defense
+from test_criteria import _cfg as oracle_cfg
 from torch import Tensor, nn
 
 import harness.run.rungs as rungs_module
@@ -22,8 +24,6 @@ from harness.battery.spec import AttackSpec
 from harness.defenses.gaussian_noise import GaussianNoise
 from harness.errors import UsageError
 from harness.store.rundir import TIMING_COLUMNS, load_diagnostics, load_records, load_side
-from test_criteria import Minus, _defense
-from test_criteria import _cfg as oracle_cfg
 
 PGD_RUNGS = [{"name": "pgd", "attack": "pgd", "rungs": [2, 4], "options": {"steps": 8}}]
 
@@ -356,7 +356,7 @@ def test_bench_only_computes_one_battery_and_the_full_command_reuses_it(tiny_dat
 
     from conftest import load_benchmark
 
-    bench = load_benchmark(Path(__file__).resolve().parent.parent / "benchmarks" / "bench_adaptive_cost.py")
+    bench = load_benchmark(Path(__file__).resolve().parents[2] / "benchmarks" / "bench_adaptive_cost.py")
     common = ["bench", "--defense", "gaussian-noise", "--n", "3", "--budget-scale", "0.02", "--threads", "1",
               "--out", str(tmp_path / "runs"), "--data-root", str(tiny_data_root), "--device", "cpu", "--quiet"]
     monkeypatch.setattr(sys, "argv", [*common, "--only", "new"])

@@ -17,7 +17,7 @@ from harness.reports.description import describe_run
 from harness.reports.load import RunData
 from harness.reports.synthetic import write_synthetic_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DETERMINISTIC = ROOT / "results" / "cifar10-linf" / "jpeg-standard"  # 128 images, the standard preset, R = 1
 STOCHASTIC = ROOT / "results" / "cifar10-linf" / "diffpure-oblivious"  # 256 images, transfer, R = 10
 CRITERION = "Stochastic criterion"

@@ -16,7 +16,7 @@ from harness.reports.outcomes import outcome_table
 from harness.store.rundir import load_records
 from harness.store.status import completeness
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "results" / "cifar10-linf"
 SHIPPED_L2 = ROOT / "results" / "cifar10-l2"
 FULL = ("at-small", "a3-small")

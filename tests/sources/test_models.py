@@ -206,7 +206,7 @@ def test_the_models_docs_worked_example_runs_as_written(tmp_path, cifar_root, mo
     import harness
     from harness.cli import main
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     example = text[text.index("## Worked example"):]
     python = re.findall(r"```python\n(.*?)```", example, flags=re.S)
     (command,) = [b for b in re.findall(r"```bash\n(.*?)```", example, flags=re.S) if b.startswith("harness run")]

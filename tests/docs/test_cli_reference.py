@@ -10,7 +10,7 @@ import pytest
 from harness.cli import build_parser
 from harness.cli.train import reference
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:

@@ -9,7 +9,7 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.store.rundir import RunStore
 
-DIFFPURE_256 = (Path(__file__).resolve().parents[1] / "results" / "cifar10-adaptive-cost"
+DIFFPURE_256 = (Path(__file__).resolve().parents[2] / "results" / "cifar10-adaptive-cost"
                 / "diffpure-ddpm-cifar10-00fda2af48")
 
 
@@ -97,11 +97,11 @@ def test_a_cut_escalation_in_rungs_resumes_from_its_last_rung(tiny_data_root, tm
     in the middle of that repeat continues it from its last rung and writes the records of an uninterrupted run."""
     import pandas as pd
     import pytest
+    from test_adaptive_cost import _cfg, _noisy
 
     import harness.run.runner as runner
     from harness.attacks.pgd import PGD
     from harness.store.rundir import TIMING_COLUMNS, load_records, load_side
-    from test_adaptive_cost import _cfg, _noisy
 
     battery = [{"name": "pgd", "attack": "pgd", "rungs": [3, 6], "options": {"steps": 12, "step_size": 0.012}}]
     ref_dir = runner.run(_cfg(tiny_data_root, tmp_path / "a", battery=battery, escalate=True), defense=_noisy())

@@ -16,17 +16,20 @@ import pytest
 
 pytest.importorskip("ray")
 
+from test_run_directory import _cfg, _comparable, _labelled_by, _stage_lines  # noqa: E402
+
 import harness.run.runner as runner  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.progress import setup_logging  # noqa: E402
 from harness.run.executors import RAY_MISSING, RayExecutor  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 from harness.store.status import completeness  # noqa: E402
-from test_run_directory import _cfg, _comparable, _labelled_by, _stage_lines  # noqa: E402
 
-pytestmark = pytest.mark.slow  # starts Ray instances: tens of seconds each
+# starts Ray instances, tens of seconds each; under pytest-xdist (`make test`: --dist loadgroup) all in one worker, one
+# Ray instance at a time, and the module's reference run computed once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
-# a self-contained user defense (Ray workers load it from its file), as tests/test_run_directory.USER_DEFENSE, plus
+# a self-contained user defense (Ray workers load it from its file), as tests/store/test_run_directory.USER_DEFENSE, plus
 # ``pids``: a process's first forward pass touches <pids>/<its pid> and pauses a second, so the test can find the
 # worker and kill it in the middle of its first shard
 DEFENSE = textwrap.dedent('''

@@ -9,7 +9,7 @@ import torch
 from harness.api.defense import Defense
 from harness.api.registry import load_object
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_the_readme_defense_file_builds_a_working_defense(tmp_path: Path) -> None:

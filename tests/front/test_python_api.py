@@ -175,7 +175,7 @@ def test_import_harness_alone_does_not_import_the_front_end():
 
 def test_the_docs_example_runs_as_written(cifar_root, tmp_path, monkeypatch, capsys):
     import re
-    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     code = re.search(r"<!-- api-example -->\n```python\n(.*?)```", text, flags=re.S).group(1)
     monkeypatch.setenv("HARNESS_DATA", str(cifar_root))
     monkeypatch.chdir(tmp_path)

@@ -297,7 +297,7 @@ DESTRUCTIVE = ("delete", "remove", "rm ", "erase")
 def test_a_folder_that_is_not_a_run_says_what_a_run_directory_is_and_advises_no_deletion(tmp_path, capsys):
     """`harness report docs` (a folder of the user's own files) and an empty folder: one line naming what a run
     directory is; nothing the harness did not write is ever to be deleted."""
-    docs = Path(__file__).resolve().parents[1] / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     (tmp_path / "empty").mkdir()
     for command in ("report", "leaderboard", "compare"):
         for folder in (docs, tmp_path / "empty"):

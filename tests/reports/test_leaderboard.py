@@ -18,7 +18,7 @@ from harness.reports.synthetic import write_synthetic_run
 from harness.stats import tiers
 from harness.stats.tiers import Basis, Entry, holm, leaderboard, pair_test
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "leaderboard.md"
 
 

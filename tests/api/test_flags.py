@@ -13,7 +13,7 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics import escalation
 from harness.diagnostics.evidence import Setting
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_code_raised_in_the_source_is_a_member():
