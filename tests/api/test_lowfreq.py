@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import replace
 
 import numpy as np
