@@ -246,7 +246,7 @@ class StoredFlag:
     code: FlagCode
     attack: str
     message: str
-    remedy: str = ""
+    remedy: str = ""  # empty: the code's own remedy (EXPLANATIONS)
     value: Any = math.nan  # the measured value (a number, or what the check reports)
     escalate: list[dict[str, Any]] = field(default_factory=list)  # battery entries it asks to add
     shard: int = 0
@@ -254,7 +254,7 @@ class StoredFlag:
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": FlagCode(self.code).value, "attack": self.attack, "message": self.message,
-                "remedy": self.remedy, "value": self.value, "escalate": list(self.escalate), "shard": self.shard,
+                "remedy": self.remedy or FlagCode(self.code).remedy, "value": self.value, "escalate": list(self.escalate), "shard": self.shard,
                 "stage": self.stage}
 
 

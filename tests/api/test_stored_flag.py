@@ -20,6 +20,7 @@ def test_the_stored_format_holds_every_key_in_order() -> None:
                     "escalate": [{"name": "x", "attack": "pgd"}], "shard": 2, "stage": 3}
     bare = StoredFlag(FlagCode.PROBE_ONLY, "square", "unbroken").to_dict()
     assert math.isnan(bare["value"]) and bare["escalate"] == [] and (bare["shard"], bare["stage"]) == (0, 0)
+    assert bare["remedy"] == FlagCode.PROBE_ONLY.remedy  # a flag without its own remedy stores its code's
 
 
 def test_a_diagnostics_flag_is_stored_in_the_same_format() -> None:
@@ -28,5 +29,6 @@ def test_a_diagnostics_flag_is_stored_in_the_same_format() -> None:
 
     (stored,) = clean_flags(Ev(), None, shard=1, name="clean")
     assert list(stored) == KEYS and stored["code"] == FlagCode.TIED_LOGITS.value and stored["shard"] == 1
-    flag = Flag(FlagCode.ZERO_GRAD, "apgd-ce", "zero", "bpda", 1.0)
-    assert StoredFlag(**flag.to_dict(), shard=0, stage=1).to_dict()["code"] == "zero-grad"
+    flag = Flag(FlagCode.ZERO_GRAD, "apgd-ce", "zero", 1.0)
+    stored = StoredFlag(**flag.to_dict(), shard=0, stage=1).to_dict()
+    assert stored["code"] == "zero-grad" and stored["remedy"] == FlagCode.ZERO_GRAD.remedy

@@ -145,13 +145,13 @@ def test_pgd_in_the_lp_ball_steps_as_its_own_ball_with_or_without_the_run_threat
 def test_the_attacks_spend_their_budget_in_the_band(name, options, passes) -> None:
     """At eps 0 nothing breaks, so each attack spends its whole budget: its iterations or queries, one more
     evaluation of its answers, and the stage's own (passes per sample: classifier forward, backward)."""
+    from conftest import run_single_stage
     from harness.battery.spec import AttackSpec
-    from harness.run.stage import run_stage
     from helpers_attacks import attack_batch, make
 
     x, y = attack_batch(4)
     spec = AttackSpec(name, name, options)
-    outcome, cols, _ = run_stage(1, spec, spec.build(0.0, "L2"), make("plain"), x, y, torch.ones(4, dtype=torch.bool),
+    outcome, cols, _ = run_single_stage(1, spec, spec.build(0.0, "L2"), make("plain"), x, y, torch.ones(4, dtype=torch.bool),
                                  grad=None, eot=None, repeats=1, run_seed=0, shard=0, batch_size=8,
                                  threat=LowFrequency(0.0, 4))
     assert (cols["classifier_forward"].mean(), cols["classifier_backward"].mean()) == passes

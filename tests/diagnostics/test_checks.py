@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import run_single_stage
 from harness.api.flags import FlagCode
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage, checks
 from harness.diagnostics.checks import CHECKS, Check, could_fire
 from harness.diagnostics.evidence import Evidence, Flag, Setting, StageEvidence
-from harness.run.stage import run_stage
 from helpers_attacks import attack_batch, make
 
 torch.set_num_threads(1)
@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 def outcome(defense_kind: str, spec: AttackSpec, stage_no: int = 1, eps: float = 0.1, norm: str = "Linf"):
     x, y = attack_batch(32)
     defense = make(defense_kind)
-    out, _, _ = run_stage(stage_no, spec, spec.build(eps, norm), defense, x, y, torch.ones(len(x), dtype=torch.bool),
+    out, _, _ = run_single_stage(stage_no, spec, spec.build(eps, norm), defense, x, y, torch.ones(len(x), dtype=torch.bool),
                           grad=None, eot=1, repeats=5 if defense.stochastic else 1, run_seed=0, shard=0,
                           batch_size=64)
     return out
