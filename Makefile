@@ -2,7 +2,8 @@
 #            defenses/weights (at-small, and a3-small with the A3 module) with APGD-CE + APGD-T on DEMO_N test
 #            images, print their table and paired comparison, then the same for all 10,000 test images from
 #            the shipped per-sample records in results/cifar10-linf.
-# make test: create .venv if missing, run the linters (ruff, import-linter's contracts, mypy on harness/api and harness/stats) and the test suite.
+# make test: create .venv if missing, run the linters (ruff, import-linter's contracts, mypy on harness/api and harness/stats) and the test suite
+#            (pytest-xdist: one worker per core; the tests marked xdist_group(NAME) in one worker).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -47,7 +48,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadgroup
 
 clean-demo:
 	rm -rf $(DEMO_OUT)/demo-at-small $(DEMO_OUT)/demo-a3-small

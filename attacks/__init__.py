@@ -4,7 +4,6 @@ from harness.api.attack import ATTACKS, Attack, AttackResult, create_attack, lis
 from . import (  # noqa: F401  # noqa: F401
     adaptive_pgd,
     apgd,
-    apgd_lowfreq,
     apgd_targeted,
     autoattack,
     cw,
@@ -12,10 +11,8 @@ from . import (  # noqa: F401  # noqa: F401
     fab,
     joint_rec,  # noqa: F401
     pgd,  # noqa: F401
-    pgd_lowfreq,
     rays,
     square,
-    square_lowfreq,
     torchattacks_adapter,
     transfer,
 )

@@ -25,7 +25,7 @@ from harness.api.losses import cross_entropy
 from harness.api.losses import margin as margin_loss
 from harness.api.target import Target
 
-# gradient attacks through a library: EOT by the target, bfloat16 autocast tested (tests/test_autocast.py)
+# gradient attacks through a library: EOT by the target, bfloat16 autocast tested (tests/attacks/test_autocast.py)
 # upstream returns the clean input for the samples it does not break
 LIBRARY_CAPABILITIES = Capabilities(uses_gradients=True, returns_failed_input=True, supports_eot=True,
                                     supports_autocast=True, effort_option="steps")

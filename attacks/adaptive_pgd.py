@@ -12,7 +12,7 @@ deterministic ones (every draw would be identical); ``--eot``, a battery entry's
 """
 from __future__ import annotations
 
-from harness.api.attack import Capabilities, register_attack
+from harness.api.attack import ANY_THREAT, Capabilities, register_attack
 from harness.api.options import Variant
 
 from .pgd import PGD
@@ -22,7 +22,8 @@ class BPDAEOT(PGD):
     """PGD that always runs BPDA gradients (its capabilities say so; the resolver enforces it)."""
 
     name = "bpda-eot"
-    capabilities = Capabilities(fixed_grad_mode="bpda", supports_autocast=True, effort_option="steps")
+    capabilities = Capabilities(fixed_grad_mode="bpda", supports_autocast=True, effort_option="steps",
+                                threats=(ANY_THREAT,), priority=0)
 
 
 register_attack("bpda-eot")(Variant(

@@ -36,7 +36,7 @@ class JointRec(Attack):
     """
 
     name = "joint-rec"
-    capabilities = Capabilities(supports_autocast=True, effort_option="steps")
+    capabilities = Capabilities(supports_autocast=True, effort_option="steps", uses_aux_losses=True, priority=10)
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 10, restarts: int = 1,
                  step_size: float | None = None, alpha: float = 0.5, loss: str = "ce", aux: str | None = None,

@@ -1,5 +1,8 @@
 """Projected gradient descent (Madry et al., 2018) for ℓ∞ and ℓ2, with EOT and gradient modes
 (both the target's: ``target.eot`` draws per gradient in ``target.grad_mode``, set by ``harness.battery.resolve``).
+It steps with the geometry of the set it searches (``Attack.geometry``: its own ball, or the run's threat model,
+e.g. the low-frequency band): random start, ascent direction (sign for ℓ∞, the normalized gradient for ℓ2, the
+gradient projected into the band) and the step brought back into the set, so it serves every threat model.
 
 Native rather than torchattacks.PGD because it must go through :class:`harness.api.target.Target`
 (gradient modes, batched EOT, budget counting), keep the best adversarial per sample across
@@ -14,12 +17,13 @@ import math
 import torch
 from torch import Tensor
 
-from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, project, register_attack
+from harness.api.attack import ANY_THREAT, Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 from harness.api.continuation import Continuable, State
 from harness.api.eot import next_draws, split_estimate
 from harness.api.losses import LossFn, get_loss
 from harness.api.losses import margin as margin_loss
 from harness.api.target import Target
+from harness.api.threat import Threat
 
 SCHEDULES = ("constant", "cosine", "step")
 KEEP = ("best", "last")
@@ -35,7 +39,8 @@ class PGD(Attack, Continuable):
         step_size: initial step (default ``2.5 * eps / steps``, Madry et al.).
         schedule: ``constant``, ``cosine`` (anneal to 0) or ``step`` (halve at 50% and 75%).
         loss: ``ce``, ``margin`` or ``dlr``.
-        random_start: start uniformly in the ball (ℓ∞) or on a random direction (ℓ2).
+        random_start: start at a random point of the set (``Threat.random_start``: uniformly in the ℓ∞ ball, on a
+            random direction at a random radius for ℓ2).
         eot_adaptive: vary each sample's EOT draws per gradient between ``eot_min`` and the resolved EOT with the
             agreement of the two halves of its last estimate (:func:`harness.api.eot.next_draws`, threshold
             ``eot_cosine``); it starts at ``eot_min``. Off: every gradient takes the resolved EOT.
@@ -45,7 +50,7 @@ class PGD(Attack, Continuable):
     """
 
     name = "pgd"
-    capabilities = Capabilities(supports_autocast=True, effort_option="steps")
+    capabilities = Capabilities(supports_autocast=True, effort_option="steps", threats=(ANY_THREAT,), priority=10)
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", steps: int = 10, restarts: int = 1,
                  step_size: float | None = None, schedule: str = "constant", loss: str = "ce",
@@ -82,30 +87,19 @@ class PGD(Attack, Continuable):
             return self.step_size * (0.5 ** ((i >= 0.5 * self.steps) + (i >= 0.75 * self.steps)))
         return self.step_size
 
-    def _start(self, x: Tensor, gen: torch.Generator) -> Tensor:
+    def _start(self, threat: Threat, x: Tensor, gen: torch.Generator) -> Tensor:
+        """The first iterate: a random point of the set (``threat.random_start``), or ``x``."""
         if not self.random_start or self.eps == 0:
-            return torch.zeros_like(x)
-        if self.norm == "Linf":
-            return (torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1) * self.eps
-        d = torch.randn(x.shape, generator=gen, device=x.device)
-        r = torch.rand(x.shape[0], generator=gen, device=x.device).view(-1, *([1] * (x.dim() - 1)))
-        return project(d / d.flatten(1).norm(dim=1).view_as(r).clamp_min(1e-12) * self.eps * r, "L2", self.eps)
-
-    def _ascent(self, grad: Tensor) -> Tensor:
-        if self.norm == "Linf":
-            return grad.sign()
-        return grad / grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (grad.dim() - 1)))
-
-    def _move(self, x: Tensor, x_adv: Tensor, step: Tensor, lo: float, hi: float) -> Tensor:
-        """The next iterate: ``x_adv + step`` projected onto the ball around ``x`` and clipped to the bounds."""
-        return (x + project(x_adv + step - x, self.norm, self.eps)).clamp(lo, hi).detach()
+            return x.clamp(*threat.bounds)
+        return threat.random_start(x, gen)
 
     def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
         gen = torch.Generator(device=x.device).manual_seed(seed)
         state = self._empty_state(target, x)
+        threat = self.geometry(target)
         trace: list[float] = []  # accuracy of the best-so-far point after each iteration
         for _ in range(self.restarts):
-            state["iterate"] = (x + self._start(x, gen)).clamp(*target.bounds)
+            state["iterate"] = self._start(threat, x, gen)
             trace += self.advance(target, x, y, state, start=0, until=self.steps)
         return self.answer(x, y, state, trace)
 
@@ -123,7 +117,7 @@ class PGD(Attack, Continuable):
     def start(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> State:
         gen = torch.Generator(device=x.device).manual_seed(seed)
         state = self._empty_state(target, x)
-        state["iterate"] = (x + self._start(x, gen)).clamp(*target.bounds)
+        state["iterate"] = self._start(self.geometry(target), x, gen)
         return state
 
     def _empty_state(self, target: Target, x: Tensor) -> State:
@@ -141,10 +135,10 @@ class PGD(Attack, Continuable):
         A rung that ends before the last iteration scores ``until`` and keeps its gradient (``pending``); the next
         rung (``start`` = that ``until``) takes that step first, so the iterates are those of one uninterrupted run."""
         loss_fn = get_loss(self.loss)
-        lo, hi = target.bounds
+        threat = self.geometry(target)
         x_adv, trace, first = state["iterate"], [], start
         if start > 0:  # continuing: iterate `start` was scored by the rung before; take its step now
-            x_adv = self._move(x, x_adv, self._alpha(start) * self._ascent(torch.nan_to_num(state["pending"])), lo, hi)
+            x_adv = threat.move(x, x_adv, self._alpha(start) * threat.ascent(torch.nan_to_num(state["pending"])))
             first = start + 1
         for i in range(first, min(until, self.steps) + 1):
             # the last iterate is only scored: no backward pass for it
@@ -163,8 +157,8 @@ class PGD(Attack, Continuable):
             if i == until:  # the rung ends here: the step from this iterate is the next rung's first
                 state["pending"] = grad.float()
                 break
-            step = self._alpha(i) * self._ascent(torch.nan_to_num(grad.float()))
-            x_adv = self._move(x, x_adv, step, lo, hi)
+            step = self._alpha(i) * threat.ascent(torch.nan_to_num(grad.float()))
+            x_adv = threat.move(x, x_adv, step)
         state["iterate"] = x_adv
         return trace
 

@@ -35,7 +35,8 @@ class RayS(Attack):
     """
 
     name = "rays"
-    capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries")
+    capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries",
+                                decision_based=True, priority=10)
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", queries: int = 1000, tol: float = 1e-3) -> None:
         super().__init__(eps=eps, norm=norm)

@@ -7,6 +7,14 @@ mean softmax over ``target.eot`` draws (``target.predict(x, draws)``), which ups
 resolver (``harness.battery.resolve``) sets that EOT: 8 on stochastic defenses by default, 1 otherwise.
 Score-based: no gradients, so the gradient mode does not apply. Queries are counted per sample; the
 accuracy trace is the running accuracy after each query step (:func:`trace_square`).
+
+In another threat model (the run's, e.g. ``--threat lowfreq``; ``Attack.geometry``) upstream's proposals, squares
+of ±ε in pixel space, would leave the set; there the same random search runs natively on the threat model's own
+proposals (``Threat.proposal``: for the low-frequency band a random square window of the DCT coefficient grid,
+rescaled to the sphere of radius ε and projected into the set), starting from a proposal of the whole grid, with
+Square's schedule of the changed share ``p`` (halved at 10, 50, 200, ... of 10,000 queries, or laid out over
+``queries`` with ``rescale_schedule``). A proposal is kept if it raised the loss or broke the sample; each is
+scored over ``target.eot`` draws as above, and restarts re-run the samples not yet broken.
 """
 from __future__ import annotations
 
@@ -16,10 +24,24 @@ import torch
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.losses import cross_entropy, get_loss
+from harness.api.losses import margin as margin_loss
 from harness.api.options import Variant
 from harness.api.target import Target
+from harness.api.threat import Threat, ThreatModel
+from harness.errors import UsageError
 
+from ._geometric import evaluate
 from ._thirdparty import finalize, quiet_stdout
+
+SCHEDULE_QUERIES = 10_000  # upstream's schedule of p is laid out for this many queries (AutoAttack's budget)
+
+
+def p_selection(p_init: float, query: int, queries: int) -> float:
+    """Square's schedule of the changed share: ``p_init`` halved at 10, 50, 200, 500, 1000, 2000, 4000, 6000 and 8000
+    of :data:`SCHEDULE_QUERIES` queries, laid out over ``queries``."""
+    it = int(query / max(queries, 1) * SCHEDULE_QUERIES)
+    return p_init / 2 ** sum(it > mark for mark in (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000))
 
 
 class Square(Attack):
@@ -34,7 +56,8 @@ class Square(Attack):
     """
 
     name = "square"
-    capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries")
+    capabilities = Capabilities(uses_gradients=False, stochastic_eot=8, supports_autocast=True, effort_option="queries",
+                                threats=("lp", "lowfreq"), priority=10)
 
     def __init__(self, *, eps: float = 8 / 255, norm: Norm = "Linf", queries: int = 5000, p_init: float = 0.8,
                  restarts: int = 1, loss: str = "margin", rescale_schedule: bool = False) -> None:
@@ -55,6 +78,9 @@ class Square(Attack):
                             queries=self.queries)
 
     def run(self, target: Target, x: Tensor, y: Tensor, *, seed: int) -> AttackResult:
+        threat = self.geometry(target)
+        if not isinstance(threat, ThreatModel):
+            return self._native(target, threat, x, y, seed)
         from pyautoattack.square import SquareAttack
 
         draws = target.eot
@@ -76,6 +102,57 @@ class Square(Attack):
                           extras={"queries": counter["rows"] / n})
         result.extras["acc_trace"] = _end_at(trace, int((~result.success).sum()) / max(n, 1))
         return result
+
+
+    def _native(self, target: Target, threat: Threat, x: Tensor, y: Tensor, seed: int) -> AttackResult:
+        """Square's random search on ``threat``'s proposals (module docstring); restarts on the samples not broken."""
+        gen = torch.Generator(device=x.device).manual_seed(seed)
+        answer, broken = x.clone(), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+        used, trace = torch.zeros(x.shape[0], device=x.device), []
+        for restart in range(self.restarts):
+            rows = (~broken).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                break
+            adv, hit, spent, run_trace = self._search(target, threat, x[rows], y[rows], gen)
+            replace = hit if restart else torch.ones_like(hit)  # a restart replaces only the answers it broke
+            answer[rows[replace]] = adv[replace]
+            broken[rows[hit]], used[rows] = True, used[rows] + spent
+            trace += [v * rows.numel() / x.shape[0] for v in run_trace]
+        loss_fn = cross_entropy if self.loss == "ce" else margin_loss
+        return evaluate(target, answer, y, loss_fn, {"acc_trace": trace, "queries": float(used.mean())})
+
+    def _search(self, target: Target, threat: Threat, x: Tensor, y: Tensor,
+                gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor, list[float]]:
+        """One random search: per sample its point, whether it is broken, the queries spent, and the running share
+        of these samples not yet broken per query step."""
+        score_fn, n, draws = get_loss(self.loss), x.shape[0], target.eot
+        schedule = self.queries if self.rescale_schedule else SCHEDULE_QUERIES
+
+        def score(points: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+            logits = torch.nan_to_num(target.predict(points, draws).float(), nan=-1e30)
+            return score_fn(logits, labels), margin_loss(logits, labels)
+
+        current = threat.proposal(x, x, 1.0, gen)
+        if current is None:
+            raise UsageError(f"square: the threat model ({threat.describe()}) offers no random-search proposal "
+                             "(Threat.proposal); use a gradient attack (pgd, apgd) under it")
+        value, m = score(current, y)
+        broken, trace, used = m >= 0, [], torch.ones(n, device=x.device)
+        for q in range(1, self.queries):
+            rows = (~broken).nonzero().squeeze(1)
+            trace.append(rows.numel() / max(n, 1))
+            if rows.numel() == 0:
+                break
+            points = threat.proposal(x[rows], current[rows], p_selection(self.p_init, q, schedule), gen)
+            assert points is not None
+            new_value, new_m = score(points, y[rows])
+            used[rows] += 1
+            better = (new_value > value[rows]) | (new_m >= 0)
+            keep = rows[better]
+            current[keep], value[keep] = points[better], new_value[better]
+            broken[keep] |= new_m[better] >= 0
+        trace.append(int((~broken).sum()) / max(n, 1))
+        return current, broken, used, trace
 
 
 def trace_square(sq: Any, n_total: int) -> list[float]:

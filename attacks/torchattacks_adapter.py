@@ -27,7 +27,7 @@ CLASSES = ("VANILA", "GN", "FGSM", "BIM", "RFGSM", "PGD", "EOTPGD", "FFGSM", "TP
            "DIFGSM", "TIFGSM", "Jitter", "NIFGSM", "PGDRS", "SINIFGSM", "VMIFGSM", "VNIFGSM", "SPSA", "JSMA", "EADL1",
            "EADEN", "PIFGSM", "PIFGSMPP", "CW", "PGDL2", "DeepFool", "PGDRSL2", "SparseFool", "OnePixel", "Pixle",
            "FAB", "AutoAttack", "Square")
-# the classes run under bfloat16 autocast in tests/test_autocast.py; the others are refused with --autocast bf16
+# the classes run under bfloat16 autocast in tests/attacks/test_autocast.py; the others are refused with --autocast bf16
 AUTOCAST_CLASSES = frozenset({"CW", "DeepFool", "PGD", "PGDL2", "FGSM"})
 
 

@@ -49,8 +49,8 @@ def main() -> int:
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("CUDA is not available on this machine: skipped the bf16 / channels-last / compile timings "
-              "(run this script on a GPU machine; every path is also exercised on CPU by tests/test_acceleration.py "
-              "and tests/test_autocast.py).")
+              "(run this script on a GPU machine; every path is also exercised on CPU by tests/run/test_acceleration.py "
+              "and tests/attacks/test_autocast.py).")
         return 0
     print(f"{args.defense}, n = {args.n}, APGD-CE-{args.steps}, batch {args.batch_size}, "
           f"{torch.cuda.get_device_name(args.device)}, torch {torch.__version__}")

@@ -31,8 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.reports.load import RunData, load_run  # noqa: E402
-from harness.reports.outcomes import CRITERIA, WORST, outcome_table  # noqa: E402
+from harness.reports.outcomes import WORST, outcome_table  # noqa: E402
 from harness.reports.threat_check import run_threat  # noqa: E402
+from harness.stats.criteria import ALL, criterion_names, get_criterion  # noqa: E402
 from harness.stats.paired import compare_outcomes, compare_paired_scores  # noqa: E402
 
 
@@ -100,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key[-1].upper()}: perturbation l2 median {s['l2_median']:.3f} (max {s['l2_max']:.3f}), "
                   f"linf median {s['linf_median']:.4f} (max {s['linf_max']:.4f}) on {int(s['attempted'])} attempted")
     # one draw per evaluation (R = 1, equal in both runs): every criterion gives the same 0/1 outcome
-    criteria = CRITERIA if int(run_a.config.get("eval_repeats") or 1) > 1 else ("all",)
-    if criteria != CRITERIA:
+    criteria = criterion_names() if int(run_a.config.get("eval_repeats") or 1) > 1 else (ALL.name,)
+    if criteria != criterion_names():
         print("R = 1 (one evaluation draw per sample): every criterion gives the same outcome")
     for criterion in criteria:
         oa = outcome_table(run_a.records, criterion, config=run_a.config)
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"error: {run.run_id} has no column {att!r}; available: {', '.join(o.columns)}")
         sa, sb = oa[att_a].astype(float).sort_index(), ob[att_b].astype(float).sort_index()
         # mean: a fraction of draws per sample, compared as harness compare does (sign-flip permutation test)
-        c = compare_paired_scores(sa.to_numpy(), sb.to_numpy()) if criterion == "mean" else compare_outcomes(sa, sb)
+        c = compare_paired_scores(sa.to_numpy(), sb.to_numpy()) if get_criterion(criterion).fractional else compare_outcomes(sa, sb)
         d = c.difference
         result["criteria"][criterion] = {"acc_a": float(sa.mean()), "acc_b": float(sb.mean()),
                                          "difference": d.estimate, "low": d.low, "high": d.high,

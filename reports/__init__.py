@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.errors import UsageError
+from harness.stats.criteria import DEFAULT_REPORT_CRITERION
 
 from .latex import escape as latex_escape
 from .load import RunData, load_run
@@ -37,7 +38,7 @@ def _renderer(fmt: str) -> Callable[[Table], str]:
     return fn
 
 
-def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = "all", confidence: float = 0.95,
+def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = DEFAULT_REPORT_CRITERION, confidence: float = 0.95,
            seed: int = 0, n_resamples: int = 10_000, partial: bool = False, columns: list[str] | None = None) -> str:
     """Render the runs in ``run_dirs`` as one table in ``fmt`` (markdown, csv, latex, json, html); ``columns``
     chooses and orders the attack columns (``clean``, attack names, ``worst-case``; default all).

@@ -21,9 +21,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.api.precision import Autocast
 from harness.api.records import BUDGET_COLUMNS
 from harness.api.threatspec import ThreatSpec
 from harness.battery.resolve import RESOLVER_OPTIONS
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.scoring import stages
 
 from .corruptions import THREAT as CORRUPTIONS
@@ -141,11 +143,11 @@ def _scoring(a: RunData, b: RunData) -> list[Mismatch]:
                                             f"{shared} shared"))
     if repeats(a) != repeats(b):
         out.append(Mismatch(Aspect.REPEATS, f"evaluation repeats R = {repeats(a)} in {na} but {repeats(b)} in {nb}"))
-    da, db = (run.config.get("decide_by") or "mean" for run in (a, b))
+    da, db = (run.config.get("decide_by") or DEFAULT_DECIDE_BY for run in (a, b))
     if da != db and max(repeats(a), repeats(b)) > 1:  # with one draw all criteria are one
         out.append(Mismatch(Aspect.CRITERION, f"the cascade decided by {da} in {na} but by {db} in {nb} "
                                               "(decide_by: which samples were still attacked)"))
-    autocast_a, autocast_b = a.config.get("autocast", "none"), b.config.get("autocast", "none")
+    autocast_a, autocast_b = (run.config.get("autocast", Autocast.NONE.value) for run in (a, b))
     if autocast_a != autocast_b:  # the attacks' arithmetic precision, so their strength
         out.append(Mismatch(Aspect.PRECISION, f"autocast = {autocast_a} in {na} but {autocast_b} in {nb}"))
     return out

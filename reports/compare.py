@@ -19,6 +19,7 @@ import pandas as pd
 
 from harness.api.frontend import FrontEnd
 from harness.errors import UsageError
+from harness.stats.criteria import DEFAULT_REPORT_CRITERION, criterion_names, get_criterion
 from harness.stats.paired import Comparison, compare_outcomes, compare_paired_scores
 from harness.stats.planning import discordance_rate, n_for_difference_paired
 from harness.stats.subsets import rank_flip_probability
@@ -29,7 +30,7 @@ from .corruptions import MEAN, mean_scores
 from .corruptions import THREAT as CORRUPTIONS
 from .description import describe_run
 from .load import RunData, load_run
-from .outcomes import CRITERION_TEXT, WORST, budgets, check_criterion, outcome_table
+from .outcomes import WORST, budgets, outcome_table
 from .threat_check import run_threat
 
 
@@ -104,7 +105,7 @@ def compare_text(run_a: Path, run_b: Path, **options: Any) -> str:
 
 
 def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, attack: str = "worst-case",
-                 attack_b: str | None = None, criterion: str = "all", allow_mismatch: bool = False,
+                 attack_b: str | None = None, criterion: str = DEFAULT_REPORT_CRITERION, allow_mismatch: bool = False,
                  confidence: float = 0.95, alpha: float = 0.05, seed: int = 0, n_resamples: int = 10_000,
                  subset_k: int = 512, front: FrontEnd = FrontEnd.CLI) -> RunComparison:
     """Compare column ``attack`` of run A with column ``attack_b`` (default: the same) of run B (run
@@ -113,7 +114,7 @@ def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, at
     RUN_B may be RUN_A to compare two attacks of one run (meaningful with ``--every-attack``). ``front``: whose
     options these are, so a refusal names ``allow_mismatch`` as that user writes it.
     """
-    check_criterion(criterion)
+    criterion = get_criterion(criterion).name
     attack_b = attack_b or attack
     a, b = (r if isinstance(r, RunData) else load_run(r) for r in (run_a, run_b))
     if a.threat != b.threat:  # lp, lowfreq, corruptions: even --allow-mismatch cannot make them one quantity
@@ -141,7 +142,7 @@ def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, at
     what = attack if attack == attack_b else f"{attack} (A) vs {attack_b} (B)"
     what = "mean corruption" if what == MEAN else what
     # the criterion matters only where a defense answers differently across its R draws
-    how = f" ({CRITERION_TEXT[criterion]})" if describe_run(a).stochastic or describe_run(b).stochastic else ""
+    how = f" ({get_criterion(criterion).sentence})" if describe_run(a).stochastic or describe_run(b).stochastic else ""
     lines = [f"Comparing {what} accuracy{how}:",
              f"  A = {a.run_id} ({a.defense}): {100 * xa.mean():.1f}% of {len(oa)}",
              f"  B = {b.run_id} ({b.defense}): {100 * xb.mean():.1f}% of {len(ob)}"]
@@ -173,7 +174,8 @@ def compare_runs(run_a: str | Path | RunData, run_b: str | Path | RunData, *, at
             lines.append(note)
     binary = all(set(x.unique()) <= {0.0, 1.0} for x in (xa, xb))
     if not binary and not fractional:
-        raise ValueError("criterion 'mean' gives fractional outcomes; compare with --criterion all or majority")
+        raise ValueError(f"criterion {criterion!r} gives fractional outcomes; compare with --criterion "
+                         f"{' or '.join(criterion_names(fractional=False))}")
     if fractional:  # per-sample means: a paired bootstrap and sign-flip test, on the same images only
         if set(xa.index) != set(xb.index):
             raise UsageError(f"{a.run_id} and {b.run_id} evaluated different images; the mean corruption accuracy is "

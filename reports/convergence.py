@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.api.records import PASS_COLUMNS
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.scoring import attackable_after, stages
 
 from .table import Table
@@ -55,7 +56,7 @@ def _shard_curve(info: dict[str, Any], attempted: int, total: float) -> tuple[np
 
 
 def pass_curve(records: pd.DataFrame, stage_info: dict[str, dict[int, dict[str, Any]]],
-               decide_by: str = "mean") -> PassCurve:
+               decide_by: str = DEFAULT_DECIDE_BY) -> PassCurve:
     """The curve of one run's records and side data (module docstring)."""
     order = stages(records)
     n = records["index"].nunique()
@@ -100,5 +101,5 @@ def pass_curves(table: Table) -> dict[str, PassCurve]:
     for row in table.rows:
         records = row.run.records
         if records["stage"].nunique() > 1 and row.run.threat != "corruptions":
-            out[row.label] = pass_curve(records, row.run.stage_info, str(row.run.config.get("decide_by") or "mean"))
+            out[row.label] = pass_curve(records, row.run.stage_info, str(row.run.config.get("decide_by") or DEFAULT_DECIDE_BY))
     return out

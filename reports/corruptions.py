@@ -23,7 +23,7 @@ from harness.sources.corruptions import cell_name
 from harness.stats.intervals import RESOLVABLE_TAIL, Interval
 
 from .csv_table import DESCRIPTION, csv_value
-from .outcomes import CRITERION_TEXT
+from .outcomes import criterion_note
 from .table import Row, Table, cell_interval, flag_notes, interval_text, pct
 
 THREAT = "corruptions"
@@ -80,7 +80,7 @@ def _note(table: Table) -> str:
             f"resamples, seed {s.seed}) when at least {RESOLVABLE_TAIL} samples score above 0, {RESOLVABLE_TAIL} "
             f"below 1 and {RESOLVABLE_TAIL} differ from the most common score; otherwise CP[low, high] = exact "
             "Clopper-Pearson, or for fractional scores (the means) CPb[low, high] = Clopper-Pearson bounds."
-            + (f" Stochastic criterion: {CRITERION_TEXT[s.criterion]}." if table.stochastic else ""))
+            + (f" {criterion_note(s.criterion)}" if table.stochastic else ""))
 
 
 def render_markdown(table: Table) -> str:

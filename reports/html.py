@@ -10,7 +10,7 @@ import base64
 from html import escape
 
 from .plots import convergence_passes_plot, convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
-from .stochastic_section import HEADER, NOTE, stochastic_cells, stochastic_rows
+from .stochastic_section import header, note, stochastic_cells, stochastic_rows
 from .table import FLAG_MARK, Table, cell_text, flag_notes, flagged, pct, planning_note
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
@@ -57,11 +57,11 @@ def _stochastic_html(table: Table) -> str:
     rows = stochastic_rows(table)
     if not rows:
         return ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
+    head = "".join(f"<th>{escape(h)}</th>" for h in header())
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in stochastic_cells(label, cmp)) + "</tr>"
                    for label, cmp in rows)
     return (f"<h2>Stochastic defenses</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f"<p>{escape(NOTE)}</p>")
+            f"<p>{escape(note())}</p>")
 
 
 def render_html(table: Table) -> str:

@@ -3,7 +3,7 @@
 Schema (fractions in [0, 1])::
 
     {"run": str, "defense": str, "dataset": str, "n": int,
-     "criterion": "all" | "majority" | "mean",          # extension: stochastic criterion shown
+     "criterion": "all" | "majority" | "mean" | ...,    # extension: stochastic criterion shown (registered name)
      "threat_model": {"kind": "lp" | "lowfreq" | "corruptions", "norm": "Linf" | "L2" | "L1" | null,
                       "eps": float | null, "eps_text": "8/255" | null, "band": int | null,
                       "corruptions": [str, ...] | null, "severities": [int, ...] | null},
@@ -42,10 +42,10 @@ def run_object(row: Row, table: Table) -> dict[str, Any]:
                      "ci_method": iv.method, "n": iv.n, "flags": list(cell.flags), "upper_bound": cell.upper_bound,
                      "wilson_low": cell.wilson.low if cell.wilson else None,
                      "wilson_high": cell.wilson.high if cell.wilson else None})
-    from harness.api.flags import DOCS, EXPLANATIONS, FlagCode
+    from harness.api.flags import DOCS, FlagCode
 
-    explained = [{"code": code, "meaning": EXPLANATIONS[FlagCode(code)].meaning,
-                  "remedy": EXPLANATIONS[FlagCode(code)].remedy, "docs": f"{DOCS}#{code}"} for code in row.flags]
+    explained = [{"code": code, "meaning": FlagCode(code).explanation.meaning, "remedy": FlagCode(code).remedy,
+                  "docs": f"{DOCS}#{code}"} for code in row.flags]
     described = row.description
     fields = described.fields()
     threat = {"kind": fields.pop("threat"), **{k: fields.pop(k) for k in THREAT_KEYS}}

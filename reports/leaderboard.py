@@ -24,13 +24,14 @@ from typing import Any
 import pandas as pd
 
 from harness.errors import UsageError
+from harness.stats.criteria import criterion_names, get_criterion
 from harness.stats.intervals import Interval, clopper_pearson, wilson
 from harness.stats.scoring import worst_case
 from harness.stats.tiers import Basis, Entry, Leaderboard, PairTest, leaderboard
 
 from .comparable import Aspect, BudgetMismatchError, Declared, Mismatch, declared_mismatches, mismatches
 from .load import RunData, load_run
-from .outcomes import CRITERION_TEXT, WORST
+from .outcomes import WORST
 from .published import PublishedRow, read_published
 from .table import Settings, build_row, cell_interval, interval_text, pct
 
@@ -172,8 +173,9 @@ def build_board(run_dirs: list[Path], csv_path: Path | None = None, *, settings:
     """Rank the runs and the CSV's rows together and assign their tiers; entries that differ from the first run in
     what they measure are refused (:class:`BudgetMismatchError`) unless ``allow_mismatch``, which marks them."""
     s = settings or Settings()
-    if s.criterion not in ("all", "majority"):
-        raise UsageError(f"--criterion {s.criterion}: the leaderboard's tests need 0/1 outcomes; use all or majority")
+    if get_criterion(s.criterion).fractional:
+        raise UsageError(f"--criterion {s.criterion}: the leaderboard's tests need 0/1 outcomes; use "
+                         f"{' or '.join(criterion_names(fractional=False))}")
     if published_interval not in PUBLISHED_INTERVALS:
         raise UsageError(f"unknown interval {published_interval!r} for published numbers; accepted: "
                          f"{', '.join(PUBLISHED_INTERVALS)}")
@@ -264,7 +266,7 @@ def method_lines(board: Board) -> list[str]:
     parts = []
     if kinds - {"published"}:
         what = " and ".join(x for x, k in (("runs", "run"), ("published records", "published records")) if k in kinds)
-        parts.append(f"{what}: the worst case ({CRITERION_TEXT[s.criterion]}) with the interval of `harness report` "
+        parts.append(f"{what}: the worst case ({get_criterion(s.criterion).sentence}) with the interval of `harness report` "
                      f"(BCa bootstrap, {s.n_resamples:,} resamples, seed {s.seed}, where the data resolve both tails, "
                      "else exact Clopper-Pearson)")
     if "published" in kinds:

@@ -13,18 +13,18 @@ import pandas as pd
 
 from harness.api.flags import FlagCode
 from harness.api.records import BUDGET_COLUMNS, PROBE_SKIP
-from harness.stats.scoring import CRITERIA, DESCRIPTION, Criterion, eval_draws, parse_criterion, stages, worst_case
+from harness.stats.criteria import DEFAULT_REPORT_CRITERION, Criterion, get_criterion
+from harness.stats.scoring import eval_draws, stages, worst_case
 
-CRITERION_TEXT = {c.value: text for c, text in DESCRIPTION.items()}
 WORST = "worst-case"
 UPPER_BOUND_FLAG = FlagCode.UPPER_BOUND.value
 
-__all__ = ["CRITERIA", "CRITERION_TEXT", "WORST", "UPPER_BOUND_FLAG", "budgets", "check_criterion", "eval_draws",
-           "is_cascade", "outcome_table", "stage_flags", "stages"]
+__all__ = ["WORST", "UPPER_BOUND_FLAG", "budgets", "criterion_note", "eval_draws", "is_cascade", "outcome_table", "stage_flags", "stages"]
 
 
-def check_criterion(criterion: str) -> str:
-    return parse_criterion(criterion).value
+def criterion_note(criterion: str | Criterion) -> str:
+    """The sentence every report adds for a stochastic defense: the criterion its numbers are under."""
+    return f"Stochastic criterion: {get_criterion(criterion).sentence}."
 
 
 def is_cascade(records: pd.DataFrame, config: dict[str, Any] | None = None) -> bool:
@@ -39,7 +39,7 @@ def is_cascade(records: pd.DataFrame, config: dict[str, Any] | None = None) -> b
     return not bool(records.loc[records["stage"] > 0, "attempted"].astype(bool).all())
 
 
-def outcome_table(records: pd.DataFrame, criterion: str | Criterion = "all", cumulative: bool | None = None,
+def outcome_table(records: pd.DataFrame, criterion: str | Criterion = DEFAULT_REPORT_CRITERION, cumulative: bool | None = None,
                   config: dict[str, Any] | None = None) -> pd.DataFrame:
     """One row per sample (by dataset index), a column per stage (``clean``, attacks...) and ``worst-case``.
 
@@ -49,7 +49,7 @@ def outcome_table(records: pd.DataFrame, criterion: str | Criterion = "all", cum
     ``cumulative`` and ``upper_bound`` (column -> True when that column is only an upper bound:
     the records skipped a sample whose worst case so far was above 0, see :mod:`harness.stats.scoring`).
     """
-    wc = worst_case(records, check_criterion(criterion))
+    wc = worst_case(records, criterion)
     if cumulative is None:
         cumulative = is_cascade(records, config)
     out = pd.DataFrame(index=pd.Index(wc.index, name="index"))

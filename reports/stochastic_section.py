@@ -1,15 +1,18 @@
-"""Report section for stochastic defenses: worst-case accuracy under the three draw criteria
-(all / majority / mean over draws) side by side, each exactly as the main table shows it under
-that criterion (same worst case, same headline interval), and the between-seed standard
-deviation when several seeds are recorded."""
+"""Report section for stochastic defenses: worst-case accuracy under every registered criterion
+(:mod:`harness.stats.criteria`: all / majority / mean over draws, and any a plugin added) side by side, each
+exactly as the main table shows it under that criterion (same worst case, same headline interval), and the
+between-seed standard deviation when several seeds are recorded."""
 from __future__ import annotations
 
-from harness.stats.scoring import CRITERIA
+from harness.stats.criteria import BUILTIN_CRITERIA, list_criteria
 from harness.stats.stochastic import CriteriaComparison, compare_criteria
 
 from .table import Table, interval_text, pct
 
-HEADER = ["defense", "R", "all draws", "majority", "mean over draws", "draw-dependent samples", "between-seed std"]
+
+def header() -> list[str]:
+    """The section's columns: one per registered criterion (its heading) between the row's R and its spread."""
+    return ["defense", "R", *(c.heading for c in list_criteria()), "draw-dependent samples", "between-seed std"]
 
 
 def stochastic_rows(table: Table) -> list[tuple[str, CriteriaComparison]]:
@@ -26,7 +29,7 @@ def stochastic_rows(table: Table) -> list[tuple[str, CriteriaComparison]]:
 
 def stochastic_cells(label: str, cmp: CriteriaComparison) -> list[str]:
     cells = [label, str(cmp.draws)]
-    cells += [interval_text(cmp.intervals[c], cmp.upper_bound[c]) for c in CRITERIA]
+    cells += [interval_text(cmp.intervals[c], cmp.upper_bound[c]) for c in cmp.intervals]
     cells.append(f"{pct(cmp.draw_dependent)}%")
     cells.append("-" if cmp.seed_std is None else f"{pct(cmp.seed_std)} ({len(cmp.seed_accuracies)} seeds)")
     return cells
@@ -42,10 +45,17 @@ NOTE = ("Stochastic defenses: worst-case accuracy (%) when a sample counts as ro
         "0 and 1.")
 
 
+def note() -> str:
+    """:data:`NOTE`, and the sentence of each criterion a plugin registered."""
+    extra = [f" {c.heading}: {c.sentence}." for c in list_criteria() if c not in BUILTIN_CRITERIA]
+    return NOTE + "".join(extra)
+
+
 def stochastic_markdown(table: Table) -> str:
     rows = stochastic_rows(table)
     if not rows:
         return ""
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join(["---"] * len(HEADER)) + "|"]
+    head = header()
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     lines += ["| " + " | ".join(stochastic_cells(label, cmp)) + " |" for label, cmp in rows]
-    return "\n".join(lines) + "\n\n" + NOTE + "\n"
+    return "\n".join(lines) + "\n\n" + note() + "\n"

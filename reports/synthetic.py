@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness.api.config import RunConfig
 from harness.api.records import COLUMNS, null_unattempted
+from harness.stats.criteria import ALL
 from harness.stats.scoring import stages, still_attackable, worst_case
 from harness.store.fingerprint import Fingerprint
 from harness.store.rundir import Plan, RunStore
@@ -97,7 +98,7 @@ def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: 
     for s in range(shards):
         part = records[records["shard"] == s].reset_index(drop=True)
         side: dict[str, Any] = {"stages": ["clean", *attacks], "attacks": {}, "diagnostics": []}
-        so_far = worst_case(part, "all")  # robust in all draws at every stage so far: where traces end
+        so_far = worst_case(part, ALL)  # robust in all draws at every stage so far: where traces end
         for stage in sorted(part["stage"].unique()):
             rows = part[part["stage"] == stage]
             if stage == 0:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.stats.criteria import DEFAULT_REPORT_CRITERION, get_criterion
 from harness.stats.intervals import RESOLVABLE_TAIL, Interval, headline_interval, wilson
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, sequence_interval
@@ -19,11 +20,10 @@ from harness.stats.stopping import StopKind, StopRule, sequence_interval
 from .description import RunDescription, describe_run, table_description
 from .load import RunData, load_run
 from .outcomes import (
-    CRITERION_TEXT,
     UPPER_BOUND_FLAG,
     WORST,
     budgets,
-    check_criterion,
+    criterion_note,
     eval_draws,
     outcome_table,
     stage_flags,
@@ -39,7 +39,7 @@ METHOD_TAGS = {"bootstrap-bca": "BCa", "bootstrap-percentile": "pct", "clopper-p
 class Settings:
     """How intervals are computed; shown in every report."""
 
-    criterion: str = "all"
+    criterion: str = DEFAULT_REPORT_CRITERION
     confidence: float = 0.95
     seed: int = 0
     n_resamples: int = 10_000
@@ -57,7 +57,7 @@ class Settings:
                 f"end from the samples scoring 1, upper end from those scoring above 0){w}. A leading ≤ (flag {UPPER_BOUND_FLAG}) marks an upper bound: the records skipped a "
                 f"sample that still had correct draws, so the worst case may be lower. Worst-case = per sample the "
                 f"lowest score over the clean stage and every attempted attack."
-                + (f" Stochastic criterion: {CRITERION_TEXT[self.criterion]}." if stochastic else ""))
+                + (f" {criterion_note(self.criterion)}" if stochastic else ""))
 
 
 @dataclass
@@ -159,7 +159,7 @@ def build_row(run: RunData, s: Settings, label: str | None = None) -> Row:
 def build_table(run_dirs: list[Path] | list[RunData], settings: Settings | None = None) -> Table:
     """Load runs (paths or already loaded) and compute every cell."""
     s = settings or Settings()
-    check_criterion(s.criterion)
+    get_criterion(s.criterion)  # an unknown name: one line naming the accepted ones
     if not run_dirs:
         raise ValueError("give at least one run directory")
     runs = [r if isinstance(r, RunData) else load_run(r) for r in run_dirs]
@@ -204,8 +204,8 @@ def flagged(cell: Cell | None) -> bool:
 
 def flag_notes(table: Table) -> list[str]:
     """One line per flag fired in the table: the rows it fired for, what it means for their numbers, what to do,
-    and its section of docs/flags.md (:data:`harness.api.flags.EXPLANATIONS`)."""
-    from harness.api.flags import EXPLANATIONS, FlagCode
+    and its section of docs/flags.md (``harness.api.flags.FlagCode.explanation``)."""
+    from harness.api.flags import FlagCode
 
     rows_of: dict[str, list[str]] = {}
     for row in table.rows:
@@ -214,7 +214,7 @@ def flag_notes(table: Table) -> list[str]:
     lines = []
     for code, labels in rows_of.items():
         flag = FlagCode(code)
-        lines.append(f"{FLAG_MARK} {', '.join(labels)}: {EXPLANATIONS[flag].line(flag)}")
+        lines.append(f"{FLAG_MARK} {', '.join(labels)}: {flag.explanation.line(flag)}")
     return lines
 
 

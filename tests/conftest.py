@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,13 @@ from torch import nn
 
 from harness.api.defense import Defense
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# The test folders mirror the rooms of harness/; their modules keep one flat namespace (every file name unique, as
+# pytest's default import mode needs), so a test imports the helpers here and another folder's test module by name.
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 class TinyCNN(nn.Module):
@@ -62,17 +69,49 @@ def load_benchmark(path: Path):
 def interrupt_at_shard(monkeypatch: pytest.MonkeyPatch, shard: int = 1):
     """Make the runner raise KeyboardInterrupt when it reaches ``shard`` (a run killed part-way); returns the
     real stage function, to put back for the resume."""
-    from harness.run import shards as run_shards
+    from harness.run import cascade as run_shards
 
     real = run_shards.run_stage
 
     def dies_at_shard(*args, **kwargs):
-        if kwargs["shard"] == shard:
+        if args[2].shard == shard:  # (context, plan, batch, robust_before)
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(run_shards, "run_stage", dies_at_shard)
     return real
+
+
+def stage_context(defense, attack=None, *, grad=None, eot=None, repeats=1, run_seed=0, autocast="none", probe=None,
+                  verifier=None, fresh=None, threat=None, decide_by="mean"):
+    """The :class:`harness.run.plan.RunContext` of a stage run on its own (no run around it): ``threat`` None holds
+    answers to the attack's own ε-ball, as such a stage does."""
+    from harness.api.config import RunConfig
+    from harness.run.plan import RunContext
+
+    config = RunConfig(grad=grad, eot=eot, eval_repeats=repeats, seed=run_seed, autocast=autocast, decide_by=decide_by,
+                       eps=float(getattr(attack, "eps", 0.0)), norm=str(getattr(attack, "norm", "Linf")))
+    return RunContext(config, defense, torch.device("cpu"), threat, probe, verifier, fresh)
+
+
+def run_single_stage(stage, spec, attack, defense, x, y, robust_before, *, shard=0, batch_size=64, anchors=None,
+                     part=0, **context):
+    """``harness.run.stage.run_stage`` of stage number ``stage`` running ``attack`` (built from ``spec``) on its own,
+    with the run settings ``context`` (:func:`stage_context`)."""
+    from harness.run.plan import ShardBatch, StagePlan, enforced_threat
+    from harness.run.stage import run_stage
+
+    ctx = stage_context(defense, attack, **context)
+    plan = StagePlan(stage, spec, attack, ctx.resolve(spec, attack), enforced_threat(spec, attack, defense, ctx.threat))
+    return run_stage(ctx, plan, ShardBatch(shard, x, y, batch_size, anchors), robust_before, part)
+
+
+def clean_single(defense, x, y, *, shard=0, batch_size=64, anchors=None, stage=0, **context):
+    """``harness.run.stage.clean_stage`` on its own, with the run settings ``context`` (:func:`stage_context`)."""
+    from harness.run.plan import ShardBatch
+    from harness.run.stage import clean_stage
+
+    return clean_stage(stage_context(defense, **context), ShardBatch(shard, x, y, batch_size, anchors), stage)
 
 
 @pytest.fixture
@@ -115,6 +154,15 @@ def cifar_root() -> Path:
     if not (root / "cifar10_test.npz").is_file():
         pytest.skip(f"real CIFAR-10 not found at {root} (set HARNESS_DATA)")
     return root
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs ``pytest -n auto``) each worker process is one of as many as there are
+    cores: one torch thread in it and in the processes it starts (the CLI's, the isolated verdict's), so the workers
+    do not oversubscribe the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -129,11 +129,6 @@ ZOO_OPTIONS: dict[str, dict] = {
     "fab": dict(steps=5), "fab-t": dict(steps=5, targets=2), "joint-rec": dict(steps=5), "pgd": dict(steps=5),
     "pgd200-eot20": dict(steps=5), "rays": dict(queries=50), "square": dict(queries=50),
     "torchattack": dict(cls="FGSM"), "transfer": dict(steps=5),
-    # the low-frequency attacks: an l2 budget in the DCT band max(u, v) < 4 of the 8 x 8 test images
-    "pgd-lowfreq": dict(eps=0.5, norm="L2", band=4, steps=5), "apgd-lowfreq": dict(eps=0.5, norm="L2", band=4, steps=5),
-    "apgd-lowfreq-ce": dict(eps=0.5, norm="L2", band=4, steps=5),
-    "apgd-lowfreq-dlr": dict(eps=0.5, norm="L2", band=4, steps=5),
-    "square-lowfreq": dict(eps=0.5, norm="L2", band=4, queries=50),
 }
 
 
@@ -143,7 +138,7 @@ def builtin_attacks() -> list[str]:
             and getattr(ATTACKS.get(n), "__module__", "").startswith("harness.attacks.")]
 
 
-# -- defenses that are not a function of each input (tests/test_verdict_zoo.py) ----------------------------------
+# -- defenses that are not a function of each input (tests/run/test_verdict_zoo.py) ----------------------------------
 # Each wraps a CIFAR-10 classifier (the tests use at-small); ``true_function`` is what each should be measured as.
 FUNCTION_ZOO = ("constant", "zeros-off-grid", "inplace-purifier", "memory", "grad-differs", "jpeg-like")
 

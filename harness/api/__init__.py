@@ -6,11 +6,13 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.api.attack`      -- ``Attack`` (the base class enforces the threat model), its registry.
 - :mod:`harness.api.threat`      -- ``Threat`` (what the harness asks a threat model) and ``ThreatModel`` (the norm ball).
 - :mod:`harness.api.lowfreq`     -- ``LowFrequency``: an l2 ball restricted to a low-frequency DCT band.
+- :mod:`harness.api.threatspec`  -- a threat model as plain data, and ``register_threat``: a new kind of threat model.
 - :mod:`harness.api.target`      -- gradients under a gradient mode, batched EOT, budget counting.
 - :mod:`harness.api.losses`      -- per-sample attack losses (cross-entropy, margin, DLR).
 - :mod:`harness.api.evaluation`  -- a defense's outputs as predictions (non-finite and tied outputs are never correct).
 - :mod:`harness.api.grad`        -- exact gradients through iterative purifiers at flat memory.
-- :mod:`harness.api.flags`       -- the diagnostics' flag codes.
+- :mod:`harness.api.flags`       -- the diagnostics' flag codes, what each means and what to do.
+- :mod:`harness.stats.criteria`  -- ``Criterion``: how a stochastic defense's R draws become a score; ``register_criterion``.
 - :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
 - :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
 - :mod:`harness.api.options`     -- the options a registered factory takes, and ``Variant``: a named configuration of one.
@@ -26,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "create_attack",
                      "list_attacks", "register_attack"], "harness.api.attack"),
     "RunConfig": "harness.api.config",
+    **dict.fromkeys(["Criterion", "get_criterion", "list_criteria", "register_criterion"], "harness.stats.criteria"),
     **dict.fromkeys(["DEFENSES", "Defense", "SmoothingNoise", "create_defense", "list_defenses", "register_defense"],
                     "harness.api.defense"),
     "FlagCode": "harness.api.flags",
@@ -33,16 +36,17 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["Registry", "RegistryError"], "harness.api.registry"),
     "Target": "harness.api.target",
     **dict.fromkeys(["Threat", "ThreatModel"], "harness.api.threat"),
+    "register_threat": "harness.api.threatspec",
     "LowFrequency": "harness.api.lowfreq",
     **dict.fromkeys(["ConfigError", "DataError", "HarnessError", "MissingInputError", "SetupError", "UsageError"],
                     "harness.errors"),
 }
-__all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "ConfigError", "DEFENSES",
+__all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "ConfigError", "Criterion", "DEFENSES",
            "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "LowFrequency", "MissingInputError",
            "Registry", "RegistryError", "RunConfig", "SetupError", "SmoothingNoise", "Target", "Threat", "ThreatModel",
            "UsageError",
-           "create_attack", "create_defense", "get_loss", "list_attacks", "list_defenses", "register_attack",
-           "register_defense"]
+           "create_attack", "create_defense", "get_criterion", "get_loss", "list_attacks", "list_criteria",
+           "list_defenses", "register_attack", "register_criterion", "register_defense", "register_threat"]
 
 if TYPE_CHECKING:
     from harness.api.attack import (
@@ -63,7 +67,9 @@ if TYPE_CHECKING:
     from harness.api.registry import Registry, RegistryError
     from harness.api.target import Target
     from harness.api.threat import Threat, ThreatModel
+    from harness.api.threatspec import register_threat
     from harness.errors import ConfigError, DataError, HarnessError, MissingInputError, SetupError, UsageError
+    from harness.stats.criteria import Criterion, get_criterion, list_criteria, register_criterion
 
 
 def __getattr__(name: str) -> Any:

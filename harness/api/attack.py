@@ -10,13 +10,14 @@ target that carries them (``target.grad_mode``, ``target.eot``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Optional
 
 import torch
 from torch import Tensor
 
 from harness.api.gradmodes import GRAD_MODES
+from harness.api.options import Variant
 from harness.api.registry import Registry
 from harness.api.target import Target
 from harness.api.threat import NORMS, Norm, Threat, ThreatModel, project_ball  # noqa: F401  (norms, projection)
@@ -38,6 +39,9 @@ class AttackResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+ANY_THREAT = "any"  # in Capabilities.threats: every kind of threat model with a set of perturbations
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an attack can do; read by the resolver (``harness.battery.resolve``), the stage and escalation.
@@ -52,7 +56,16 @@ class Capabilities:
     ones). ``supports_autocast``: it runs under ``torch.autocast`` (bfloat16); the harness refuses
     the others with ``--autocast bf16``. ``effort_option``: the option that sets its iterations or
     queries (escalation multiplies it; ``None``: none). ``threats``: the kinds of threat model whose set it
-    optimizes in (``harness.api.threat.Threat.kind``); a run of another kind refuses it.
+    optimizes in (``harness.api.threat.Threat.kind``), or :data:`ANY_THREAT` for an attack that searches with the
+    run's threat model's geometry only (``Attack.geometry``: random start, ascent direction, projection), which
+    serves every kind with a set of perturbations; a run of another kind refuses it (:meth:`serves`).
+
+    What an escalation may ask for (``harness.diagnostics.escalation.Need``): ``scale_invariant``: its loss is
+    invariant to the scale of the logits (DLR, a margin), so a saturated softmax does not stop it;
+    ``decision_based``: it reads only the predicted label (hard-label; else, without gradients, score-based);
+    ``uses_aux_losses``: it attacks the defense's auxiliary losses too (``Defense.auxiliary_losses``).
+    ``priority``: it is offered to the escalations whose need it satisfies, lower first, ties by name; ``None``
+    (the default): never chosen by an escalation (an attack opts in by declaring what it is and a priority).
     """
     uses_gradients: bool = True
     returns_failed_input: bool = False
@@ -62,6 +75,14 @@ class Capabilities:
     supports_autocast: bool = False
     effort_option: Optional[str] = None
     threats: tuple[str, ...] = ("lp",)
+    scale_invariant: bool = False
+    decision_based: bool = False
+    uses_aux_losses: bool = False
+    priority: Optional[int] = None
+
+    def serves(self, kind: str) -> bool:
+        """Whether the attack optimizes in threat models of ``kind``."""
+        return kind in self.threats or ANY_THREAT in self.threats
 
     def __post_init__(self) -> None:
         if not self.threats:
@@ -139,6 +160,15 @@ class Attack(ABC):
         the run's threat model (``harness.run.stage.run_stage`` called on its own) enforces this one."""
         return ThreatModel(self.norm, self.eps, bounds)
 
+    def geometry(self, target: Target) -> Threat:
+        """The set this attack searches, whose geometry it steps with (``Threat.random_start``, ``ascent``,
+        ``move``): its own (:meth:`threat_model`) when the run has none (a stage run on its own) or when the run's is
+        of the same kind (for the ℓp balls: this attack's ``norm`` and ``eps``, as the run resolved them); else the
+        run's threat model (``target.threat``) at this attack's ``eps``."""
+        own = self.threat_model(target.bounds)
+        run = target.threat
+        return own if run is None or run.kind == own.kind else run.with_eps(self.eps)
+
     def effort(self) -> int | None:
         """This attack's iterations or queries (the value of its ``effort_option``); None when it has none."""
         opt = self.capabilities.effort_option
@@ -157,6 +187,19 @@ class Attack(ABC):
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"{type(self).__name__}({opts})"
+
+
+def declared_capabilities(factory: Any) -> Capabilities | None:
+    """The capabilities a registered factory declares without being built: an :class:`Attack` subclass's class
+    attribute, or a :class:`harness.api.options.Variant`'s changes to its base's; None when not declared so (a
+    plain function, or a class that sets them per instance)."""
+    if isinstance(factory, Variant):
+        base = declared_capabilities(factory.base)
+        return None if base is None else replace(base, **factory.capabilities)
+    if isinstance(factory, type) and issubclass(factory, Attack):
+        caps = factory.capabilities
+        return caps if isinstance(caps, Capabilities) else None
+    return None
 
 
 def _validate_attack(obj: Any, spec: str) -> Attack:

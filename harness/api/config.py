@@ -22,10 +22,13 @@ import tomli_w
 
 from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
+from harness.api.precision import AUTOCAST_MODES, Autocast
 from harness.api.schema import NO_RULE, Rule, problem
+from harness.api.threatspec import NORMS, threat_problem
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
 from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem, parse_dataset
+from harness.stats.criteria import DEFAULT_DECIDE_BY, criterion_names
 from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
@@ -36,7 +39,7 @@ NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id"
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
                                 "compile": False, "module_mode": None, "probe_gradients": True, "about": None,
                                 "threat": "lp", "corruptions": None, "severities": None,
-                                "band": None, "decide_by": "mean", "subset": None, "resize": None, "crop": None,
+                                "band": None, "decide_by": DEFAULT_DECIDE_BY, "subset": None, "resize": None, "crop": None,
                                 "interpolation": None}
 
 
@@ -64,8 +67,8 @@ class RunConfig:
     norm: str = "Linf"
     # run although eps reaches the centre of the input box from every image (check_eps refuses it otherwise)
     allow_large_eps: bool = False
-    # the threat model: "lp" (the norm ball of radius eps), "lowfreq" (a low-frequency band of perturbations),
-    # "corruptions" (fixed common corruptions, no optimization)
+    # the threat model, a registered kind (harness.api.threatspec.register_threat): "lp" (the norm ball of radius
+    # eps), "lowfreq" (a low-frequency band of perturbations), "corruptions" (fixed common corruptions, no optimization)
     threat: str = "lp"
     # --threat lowfreq: the DCT band, frequencies max(u, v) < band of each channel (None: not given, 8 under lowfreq;
     # harness.api.threatspec)
@@ -78,9 +81,9 @@ class RunConfig:
     eval_repeats: int | None = None  # None: 10 for stochastic defenses, 1 otherwise
     every_attack: bool = False
     # the criterion that decides when the cascade stops attacking a sample (harness.stats.scoring.still_attackable):
-    # "mean" (while any draw is correct: exact under every criterion), "majority" or "all" (cheaper; the more lenient
-    # criteria are then upper bounds); None: not given (the battery file's decide_by, else "mean"; a stored config
-    # without it predates the field and ran as "mean")
+    # a registered criterion's name (harness.stats.criteria: "mean", while any draw is correct, exact under every
+    # criterion; "majority" or "all", cheaper, the more lenient criteria then upper bounds); None: not given (the
+    # battery file's decide_by, else DEFAULT_DECIDE_BY; a stored config without it predates the field and ran so)
     decide_by: str | None = None
     attacks: str | None = None  # None: not given (prepare() picks rand for stochastic defenses, else standard)
     attack_opts: dict[str, Any] = field(default_factory=dict)
@@ -97,7 +100,7 @@ class RunConfig:
     batch_size: int = 256
     device: str = "auto"
     threads: int | None = None  # torch CPU threads of the run's process (None: torch's default)
-    autocast: str = "none"
+    autocast: str = Autocast.NONE.value
     channels_last: bool = False  # networks and inputs in channels-last memory format (harness.run._acceleration)
     compile: bool = False  # the defense's networks behind torch.compile (harness.run._acceleration)
     save_adversarials: bool = False
@@ -122,7 +125,7 @@ class RunConfig:
         """The fields that determine results (the run-id hash input). ``decide_by`` not set is ``mean``: what a run
         stored before the field existed did, and what a run resolves it to when neither it nor its battery says."""
         out = {k: v for k, v in self.to_dict().items() if k not in NON_RESULT_FIELDS}
-        out["decide_by"] = out["decide_by"] or "mean"
+        out["decide_by"] = out["decide_by"] or DEFAULT_DECIDE_BY
         return out
 
     def dataset_stem(self) -> str:
@@ -144,27 +147,32 @@ RULES: dict[str, Rule] = {
     "sample_seed": Rule(low=0, high=2 ** 32 - 1),
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
-    "norm": Rule(choices=("Linf", "L2", "L1")),
-    "threat": Rule(choices=("lp", "lowfreq", "corruptions")),
+    "norm": Rule(choices=NORMS),
     "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),
-    "decide_by": Rule(choices=("all", "majority", "mean")),
     "subset": Rule(choices=tuple(SUBSETS)),
     "resize": Rule(low=1), "crop": Rule(low=1),
     "interpolation": Rule(choices=INTERPOLATIONS),
-    "autocast": Rule(choices=("none", "bf16")),
+    "autocast": Rule(choices=AUTOCAST_MODES),
     "module_mode": Rule(choices=("eval", "train")),
     "about": Rule(choices=tuple(s.value for s in Scope)),
 }
 
 
 # values a rule cannot say: checked by the parser of their own syntax (a message such as Rule's, or None)
-PARSED: dict[str, Callable[[Any], str | None]] = {"dataset": dataset_problem}
+PARSED: dict[str, Callable[[Any], str | None]] = {"dataset": dataset_problem, "threat": threat_problem}
+
+
+def rules() -> dict[str, Rule]:
+    """:data:`RULES` and the rules of registries a plugin can add to: ``decide_by`` accepts every registered
+    criterion (:mod:`harness.stats.criteria`), read when the values are checked."""
+    return {**RULES, "decide_by": Rule(choices=criterion_names())}
 
 
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:
     hints = typing.get_type_hints(RunConfig)
-    return {f.name: (hints[f.name], RULES.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
+    rule = rules()
+    return {f.name: (hints[f.name], rule.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
 
 
 def check_values(values: Mapping[str, Any], *, source: str | None, front: FrontEnd = FrontEnd.CLI) -> None:
@@ -301,7 +309,9 @@ def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunC
 
 def merge(base: RunConfig, overrides: dict[str, Any], front: FrontEnd = FrontEnd.CLI) -> RunConfig:
     """``base`` with every non-None override applied (dict options are merged, overrides winning); a value that
-    does not fit the schema is refused naming the option as ``front``'s user wrote it."""
+    does not fit the schema is refused naming the option as ``front``'s user wrote it. Overrides that name attacks
+    or attack options drop the battery ``base`` resolved (a ``--config`` file's, a base config's): the run resolves
+    it again from them."""
     values = base.to_dict()
     for key, value in overrides.items():
         if value is None:
@@ -313,6 +323,8 @@ def merge(base: RunConfig, overrides: dict[str, Any], front: FrontEnd = FrontEnd
             values[key] = {**values[key], **value}
         else:
             values[key] = value
+    if overrides.get("attacks") is not None or overrides.get("attack_opts"):
+        values["battery"] = []
     return RunConfig(**values)
 
 

@@ -15,7 +15,7 @@ from harness.api._seeding import seeded
 from harness.api._validation import check_logits
 from harness.api.defense import Defense
 from harness.api.losses import margin as margin_fn
-from harness.stats.scoring import Criterion, stage_score, still_attackable
+from harness.stats.criteria import ALL, DEFAULT_DECIDE_BY, MAJORITY, MEAN, Criterion, get_criterion
 
 NONFINITE, TIED = -1, -2  # predictions without a single top class
 
@@ -45,31 +45,32 @@ class Evaluation:
     margin: Tensor  # (N,) mean margin over repeats (NaN if non-finite)
 
     def score(self, criterion: str | Criterion) -> Tensor:
-        """Per-sample score under ``criterion`` (:mod:`harness.stats.scoring`), float64 on this device."""
-        s = stage_score(self.correct.cpu().numpy(), criterion, self.finite.cpu().numpy())
+        """Per-sample score under ``criterion`` (:meth:`harness.stats.criteria.Criterion.score`), float64 on this
+        device."""
+        s = get_criterion(criterion).score(self.correct.cpu().numpy(), self.finite.cpu().numpy())
         return torch.from_numpy(s).to(self.correct.device)
 
     @property
     def correct_all(self) -> Tensor:
-        return self.score(Criterion.ALL) > 0
+        return self.score(ALL) > 0
 
     @property
     def correct_majority(self) -> Tensor:
-        return self.score(Criterion.MAJORITY) > 0
+        return self.score(MAJORITY) > 0
 
     @property
     def correct_frac(self) -> Tensor:
-        return self.score(Criterion.MEAN)
+        return self.score(MEAN)
 
     @property
     def attackable(self) -> Tensor:
-        """The cascade attacks these samples further: any draw still correct (:func:`still_attackable`)."""
-        return self.attackable_under(Criterion.MEAN)
+        """The cascade attacks these samples further under the default ``decide_by``: any draw still correct."""
+        return self.attackable_under(DEFAULT_DECIDE_BY)
 
     def attackable_under(self, decide_by: str | Criterion) -> Tensor:
-        """The samples still scoring above 0 under ``decide_by`` (:func:`still_attackable`): not decided yet."""
-        mask = still_attackable(self.correct.cpu().numpy(), self.finite.cpu().numpy(), decide_by)
-        return torch.from_numpy(mask).to(self.correct.device)
+        """The samples still scoring above 0 under ``decide_by`` (:func:`harness.stats.scoring.still_attackable`):
+        not decided yet."""
+        return self.score(decide_by) > 0
 
     @property
     def tied(self) -> Tensor:

@@ -17,7 +17,9 @@ the band tolerance, or after :data:`PROJECTION_ITERATIONS`. The in-band iterate 
 until its excursion is within half the tolerance and clipped (:meth:`LowFrequency.feasible`): scaling keeps it in
 the band and the ball, clipping moves less than the tolerance out of the band, so :meth:`LowFrequency.project`
 always returns a point the set contains, the exact projection when the box is inactive and close to it when the
-iteration converged. The DCT is a matrix product with the ``band`` first rows of the orthonormal DCT-II matrix
+iteration converged. An attack's steps and proposals (``Threat.move``, :meth:`LowFrequency.proposal`) are
+projected the same way (a projection cut short would be a point of the set too, but :meth:`LowFrequency.feasible`
+then scales it towards ``x``, and a search with it stalls near ``x`` where the bounds are active). The DCT is a matrix product with the ``band`` first rows of the orthonormal DCT-II matrix
 (built once per image side), cheap and differentiable.
 """
 from __future__ import annotations
@@ -242,4 +244,52 @@ class LowFrequency(Threat):
         z = z * (self.eps / z.flatten(1).norm(dim=1).clamp_min(1e-300)).view(-1, *([1] * (z.dim() - 1)))
         return self.project(x, (x.double() + self.synthesize(z, x.shape)).to(x.dtype))
 
+    # -- geometry: what attacks search with ------------------------------------------------------------------
+    def _sphere(self, z: Tensor, radius: Tensor | float) -> Tensor:
+        """Coefficients ``z`` scaled to ℓ2 norm ``radius`` (per sample)."""
+        shape = (-1, *([1] * (z.dim() - 1)))
+        size = z.flatten(1).norm(dim=1).clamp_min(1e-30).view(shape)
+        scale = radius.view(shape) if isinstance(radius, Tensor) else radius
+        scaled: Tensor = z * scale / size
+        return scaled
 
+    def random_start(self, x: Tensor, gen: torch.Generator) -> Tensor:
+        """An in-band Gaussian direction at a uniform radius in [0, eps], moved into the bounds (``x`` itself for
+        an infinite or zero eps)."""
+        if not math.isfinite(self.eps) or self.eps <= 0 or x.shape[0] == 0:
+            return x.clone()
+        z = torch.randn((*x.shape[:-2], self.band, self.band), generator=gen, device=x.device, dtype=torch.float64)
+        r = torch.rand(x.shape[0], generator=gen, device=x.device, dtype=torch.float64)
+        delta = self.synthesize(self._sphere(z, self.eps * r), x.shape)
+        return self.project(x, (x.double() + delta).to(x.dtype))
+
+    def ascent(self, grad: Tensor) -> Tensor:
+        """The gradient projected into the band (``Pg``: its band coefficients, synthesized), of unit ℓ2 norm: the
+        steepest-ascent direction under the ℓ2 norm among in-band perturbations."""
+        z = self.coefficients(torch.nan_to_num(grad.double()))
+        return self.synthesize(self._sphere(z, 1.0), grad.shape).to(grad.dtype)
+
+    def proposal(self, x: Tensor, x_adv: Tensor, share: float, gen: torch.Generator) -> Tensor | None:
+        """Square's proposal on the band's coefficient grid: a random square window of about ``share`` of the
+        ``band²`` coefficients, changed by ±eps/band per coefficient (a random sign per channel), the coefficients
+        rescaled to the sphere of radius eps and projected into the set."""
+        if not math.isfinite(self.eps) or x.shape[0] == 0:
+            return None
+        b = self.band
+        side = min(b, max(1, round(math.sqrt(share * b * b))))
+        z = self.coefficients(x_adv.double() - x.double())
+        z = self._sphere(z + windows(z.shape, side, gen).to(z) * (self.eps / b), self.eps)
+        return self.project(x, (x.double() + self.synthesize(z, x.shape)).to(x.dtype))
+
+
+def windows(shape: torch.Size, side: int, gen: torch.Generator) -> Tensor:
+    """For coefficient grids of ``shape`` (N, C, band, band): per sample a random ``side × side`` window, ±1 inside
+    (a random sign per channel), 0 outside."""
+    n, channels, band = shape[0], shape[1], shape[-1]
+    u, v = torch.randint(0, band - side + 1, (2, n, 1, 1), generator=gen, device=gen.device)
+    grid = torch.arange(band, device=gen.device)
+    inside = ((grid.view(1, -1, 1) >= u) & (grid.view(1, -1, 1) < u + side)
+              & (grid.view(1, 1, -1) >= v) & (grid.view(1, 1, -1) < v + side))
+    signs = torch.randint(0, 2, (n, channels, 1, 1), generator=gen, device=gen.device).float() * 2 - 1
+    grids: Tensor = inside[:, None].float() * signs
+    return grids

@@ -10,7 +10,7 @@ name) sets ``__signature__`` itself.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from harness.errors import did_you_mean
@@ -88,11 +88,16 @@ def options_of(factory: Callable[..., Any]) -> Options | None:
 class Variant:
     """A named configuration of ``base`` (a class or factory): the options in ``fixed`` take only the value given
     there (a different one is refused, naming ``hint`` if given), those in ``defaults`` get new defaults, the rest
-    are ``base``'s. ``doc`` is its description (``harness list``). Its signature is ``base``'s with these changes."""
+    are ``base``'s. ``doc`` is its description (``harness list``). Its signature is ``base``'s with these changes.
+    ``capabilities``: fields of the built object's ``capabilities`` (an attack's
+    :class:`harness.api.attack.Capabilities`) this configuration changes, e.g. ``{"scale_invariant": True}`` for a
+    loss fixed to DLR; read without building (``harness.api.attack.declared_capabilities``)."""
 
     def __init__(self, base: Callable[..., Any], doc: str, *, fixed: Mapping[str, Any] | None = None,
-                 defaults: Mapping[str, Any] | None = None, hint: str = "") -> None:
+                 defaults: Mapping[str, Any] | None = None, hint: str = "",
+                 capabilities: Mapping[str, Any] | None = None) -> None:
         self.base, self.__doc__, self.hint = base, doc, hint
+        self.capabilities = dict(capabilities or {})
         self.__wrapped__ = base  # what the option type checks (harness.api.schema) read the hints of
         self.fixed, self.defaults = dict(fixed or {}), dict(defaults or {})
         self.__module__ = getattr(base, "__module__", __name__)
@@ -110,4 +115,7 @@ class Variant:
             if key in options and options[key] != value:
                 raise ValueError(f"{key} is fixed to {value!r} here, got {options[key]!r}"
                                  + (f"; {self.hint}" if self.hint else ""))
-        return self.base(**{**self.defaults, **options, **self.fixed})
+        built = self.base(**{**self.defaults, **options, **self.fixed})
+        if self.capabilities:
+            built.capabilities = replace(built.capabilities, **self.capabilities)
+        return built

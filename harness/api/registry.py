@@ -27,6 +27,22 @@ class RegistryError(UsageError, LookupError):
     """A name, plugin path or factory could not be resolved; the message says what is accepted."""
 
 
+def spec_file(spec: str) -> Path | None:
+    """The Python file a ``path/to/file.py:factory`` spec names (``~`` expanded, not resolved), or None for any other
+    spec (a registered name, ``package.module:factory``): the one rule telling a file from a module."""
+    target, sep, _ = spec.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target or "\\" in target):
+        return Path(target).expanduser()
+    return None
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with the file it names made absolute (another process may not share this one's working directory);
+    any other spec as it is."""
+    path = spec_file(spec)
+    return spec if path is None else f"{path.resolve()}:{spec.rpartition(':')[2]}"
+
+
 def load_object(spec: str, *, kind: str = "object") -> Any:
     """Load ``path/to/file.py:name`` or ``package.module:name``.
 
@@ -37,8 +53,8 @@ def load_object(spec: str, *, kind: str = "object") -> Any:
     target, _, attr = spec.rpartition(":")
     if not attr.isidentifier():
         raise RegistryError(f"{kind} spec {spec!r}: {attr!r} after ':' is not a Python identifier")
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        path = Path(target).expanduser()
+    path = spec_file(spec)
+    if path is not None:
         if not path.is_file():
             raise RegistryError(f"{kind} file {str(path)!r} does not exist (from spec {spec!r}); expected an existing Python file 'path/to/file.py:factory'")
         mod_name = f"_harness_plugin_{abs(hash(str(path.resolve())))}"

@@ -77,8 +77,8 @@ class Target:
     samples than a batch). ``budget`` counts the passes of the
     defense's networks during this target's calls; ``witnesses`` (set by :meth:`watch`) collects
     non-finite queries. Views from :meth:`with_options` share both. ``threat``: the threat model the harness
-    enforces on this target's answers (set by the stage; None outside a run), which attacks that optimize in its
-    set read (``Capabilities.threats``).
+    enforces on this target's answers (set by the stage; None outside a run), whose geometry attacks search with
+    (``Attack.geometry``; ``Capabilities.threats``).
     """
     defense: Defense
     grad_mode: GradMode = "full"

@@ -4,25 +4,32 @@ outside is it (:meth:`Threat.violation`), and which point of the set replaces it
 :class:`ThreatModel` is the ``norm`` ball of radius ``eps`` around ``x`` intersected with the defense's input
 ``bounds``; ``harness.api.lowfreq.LowFrequency`` is a ball restricted to low spatial frequencies.
 
+A threat model also carries its geometry, which attacks search with (``Attack.geometry``): a random point of the
+set (:meth:`Threat.random_start`), the steepest-ascent direction of a gradient under the set's norm
+(:meth:`Threat.ascent`), a step brought back into the set (:meth:`Threat.move`) and, for random search, a random
+proposal near a point (:meth:`Threat.proposal`). So one PGD, APGD or Square serves every threat model that
+provides them, and a new threat model is one class (registered with ``harness.api.threatspec.register_threat``).
+
 The harness enforces the run's threat model itself (``harness.run.stage``) rather than trusting an attack:
 every adversarial input is measured against the model, and whatever lies outside is projected back before
 it is evaluated. A small tolerance absorbs float rounding (``x + eps`` is not exactly representable).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from harness.api.threatspec import NORMS as NORMS  # re-exported: the threat objects' norms are the spec's
+from harness.api.threatspec import Norm as Norm
 from harness.api.threatspec import describe_eps
 from harness.errors import UsageError
 
-Norm = Literal["Linf", "L2", "L1"]
-NORMS: tuple[str, ...] = ("Linf", "L2", "L1")
 TOLERANCE = 1e-5  # relative: of max(eps, bounds range) for the ball, of the bounds range for the bounds
 
 
@@ -88,6 +95,37 @@ class Threat(ABC):
         """Random points of size ``eps`` in the set around ``x`` (the ``noise-beats-attack`` check, global RNG);
         None when the threat model has no such check."""
         return None
+
+    # -- geometry: what attacks search with ----------------------------------------------------------------------
+    @abstractmethod
+    def random_start(self, x: Tensor, gen: torch.Generator) -> Tensor:
+        """A random point of the set around each ``x`` (drawn from ``gen``): where a gradient attack starts."""
+
+    @abstractmethod
+    def ascent(self, grad: Tensor) -> Tensor:
+        """The steepest-ascent direction of ``grad`` (per sample) under the set's norm, of unit size in it: the
+        direction a step of size ``alpha`` moves along (``sign`` for ℓ∞, ``g / ‖g‖₂`` for ℓ2)."""
+
+    def move(self, x: Tensor, x_adv: Tensor, step: Tensor) -> Tensor:
+        """The next iterate of a search from ``x_adv`` along ``step``: ``x_adv + step`` brought into the set
+        around ``x`` (by default :meth:`project`; a threat model may project more cheaply, as long as the point
+        is in the set)."""
+        return self.project(x, x_adv + step)
+
+    def proposal(self, x: Tensor, x_adv: Tensor, share: float, gen: torch.Generator) -> Tensor | None:
+        """A random point of the set near ``x_adv`` that changes about ``share`` (in (0, 1]) of the perturbation's
+        degrees of freedom, for a random search (Square); None when the threat model offers none (the library's
+        Square serves the ℓp balls)."""
+        return None
+
+    def with_eps(self, eps: float) -> "Threat":
+        """The same kind of set with radius ``eps`` (an attack's own ``eps`` within the run's threat model); this
+        default replaces the field ``eps`` of a dataclass."""
+        if eps == self.eps:
+            return self
+        if not dataclasses.is_dataclass(self):
+            raise TypeError(f"{type(self).__name__}: override with_eps (it is not a dataclass with a field eps)")
+        return dataclasses.replace(self, eps=eps)
 
 
 @dataclass(frozen=True)
@@ -156,6 +194,39 @@ class ThreatModel(Threat):
             d = torch.randn_like(x)
             d = eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
         return (x + d).clamp(*self.bounds)
+
+    def random_start(self, x: Tensor, gen: torch.Generator) -> Tensor:
+        """ℓ∞: uniform in the cube; ℓ2: a Gaussian direction at a uniform radius in [0, eps]; ℓ1: a Laplace
+        direction at a uniform radius; then clipped to the bounds (an infinite eps: uniform in the bounds)."""
+        lo, hi = self.bounds
+        if not math.isfinite(self.eps):
+            return lo + (hi - lo) * torch.rand(x.shape, generator=gen, device=x.device).to(x.dtype)
+        if self.norm == "Linf":
+            d = (torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1) * self.eps
+        else:
+            d = torch.randn(x.shape, generator=gen, device=x.device)
+            if self.norm == "L1":
+                d = d.sign() * -torch.rand(x.shape, generator=gen, device=x.device).clamp_min(1e-12).log()
+            r = torch.rand(x.shape[0], generator=gen, device=x.device).view(-1, *([1] * (x.dim() - 1)))
+            size = norm_of(d, self.norm).to(d.dtype).view_as(r) if self.norm == "L1" \
+                else d.flatten(1).norm(dim=1).view_as(r)
+            d = project_ball(d / size.clamp_min(1e-12) * self.eps * r, self.norm, self.eps)
+        return (x + d).clamp(lo, hi)
+
+    def ascent(self, grad: Tensor) -> Tensor:
+        """ℓ∞: ``sign(g)``; ℓ2: ``g / ‖g‖₂``; ℓ1: ``sign(g_i)`` on one coordinate of largest ``|g_i|`` (per sample)."""
+        if self.norm == "Linf":
+            return grad.sign()
+        if self.norm == "L2":
+            unit: Tensor = grad / grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (grad.dim() - 1)))
+            return unit
+        flat = grad.flatten(1)
+        top = flat.abs().argmax(dim=1, keepdim=True)
+        return torch.zeros_like(flat).scatter(1, top, flat.gather(1, top).sign()).view_as(grad)
+
+    def move(self, x: Tensor, x_adv: Tensor, step: Tensor) -> Tensor:
+        """``x_adv + step``: its perturbation projected onto the ball, then clipped to the bounds."""
+        return (x + project_ball(x_adv + step - x, self.norm, self.eps)).clamp(*self.bounds).detach()
 
 
 def check_data_in_bounds(x: Tensor, bounds: tuple[float, float], who: str = "the defense",

@@ -4,19 +4,84 @@ low-frequency perturbations the ``band``. A run's threat model comes from its co
 ``harness threats`` parses it from text (``Linf:8/255``, ``lowfreq:L2:1:band=8``); the reports and ``compare``
 read it from stored configs to refuse mixing threat models; :func:`harness.api.threatbuild.build_threat` makes the
 object the harness enforces (:class:`harness.api.threat.Threat`).
+
+The kinds are registered (:func:`register_threat`): a kind's name, and the function that builds its set. The
+config's accepted values of ``threat``, the parser here and the build all read the registration, so a new kind of
+threat model is a ``Threat`` class and one ``register_threat`` call, in the harness or in a plugin's own file.
 """
 from __future__ import annotations
 
 import argparse
+import typing
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Literal, Mapping, Union
 
-from harness.api.schema import number_or_fraction
+from harness.api.schema import Rule, number_or_fraction, problem
 from harness.errors import UsageError
 
-KINDS: tuple[str, ...] = ("lp", "lowfreq", "corruptions")
-PERTURBATION_KINDS: tuple[str, ...] = ("lp", "lowfreq")  # the kinds with a set of perturbations attacks stay in
-SPEC_NORMS: tuple[str, ...] = ("Linf", "L2", "L1")
+# builds a kind's set (a harness.api.threat.Threat, which imports this module: not named here) from its spec and the
+# defense's input bounds
+Builder = Callable[["ThreatSpec", tuple[float, float]], Any]
+
+
+@dataclass(frozen=True)
+class ThreatKind:
+    """A registered kind of threat model. ``build``: the function ``(spec, bounds) -> Threat`` that makes its set,
+    or its path ``"package.module:function"`` (imported when a run builds it, so that naming the built-in kinds
+    imports no torch), or None for a kind without a set of perturbations (``corruptions``: no attack runs; its
+    evaluation path is its own)."""
+    name: str
+    build: Union[Builder, str, None]
+
+    @property
+    def perturbations(self) -> bool:
+        """Whether attacks search a set of perturbations under this kind."""
+        return self.build is not None
+
+
+_KINDS: dict[str, ThreatKind] = {}
+
+
+def register_threat(kind: str, build: Union[Builder, str, None]) -> ThreatKind:
+    """Register the kind of threat model ``kind`` (``--threat KIND``, ``RunConfig.threat``) with the function that
+    builds its set (:class:`ThreatKind`). Registering a kind again with another builder is an error."""
+    if not kind or not kind.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"threat kind {kind!r}: expected a name of letters, digits, '-' or '_'")
+    entry = ThreatKind(kind, build)
+    if _KINDS.get(kind, entry) != entry:
+        raise ValueError(f"threat kind {kind!r} is already registered (with {_KINDS[kind].build!r})")
+    _KINDS[kind] = entry
+    return entry
+
+
+def threat_kinds() -> tuple[str, ...]:
+    """The registered kinds of threat model, in the order registered."""
+    return tuple(_KINDS)
+
+
+def perturbation_kinds() -> tuple[str, ...]:
+    """The registered kinds with a set of perturbations attacks stay in."""
+    return tuple(k for k, entry in _KINDS.items() if entry.perturbations)
+
+
+def threat_kind(kind: str) -> ThreatKind:
+    """The registration of ``kind``; a one-line error naming the accepted kinds otherwise."""
+    if kind not in _KINDS:
+        raise UsageError(f"unknown threat model {kind!r}; accepted: {', '.join(_KINDS)}")
+    return _KINDS[kind]
+
+
+def threat_problem(value: Any) -> str | None:
+    """What is wrong with ``value`` as a config's ``threat`` (one of the registered kinds), or None."""
+    return problem(value, str, Rule(choices=threat_kinds()))
+
+
+register_threat("lp", "harness.api.threatbuild:norm_ball")
+register_threat("lowfreq", "harness.api.threatbuild:low_frequency")
+register_threat("corruptions", None)
+
+Norm = Literal["Linf", "L2", "L1"]  # the norms of a perturbation's size, declared once
+NORMS: tuple[str, ...] = typing.get_args(Norm)
 DEFAULT_BAND = 8  # of 32 on CIFAR-10: 8 x 8 of the 32 x 32 DCT frequencies per channel (1/16 of the dimensions)
 LOWFREQ_NORM = "L2"  # the low-frequency set is an l2 ball inside the band (its size compares with l2 attacks)
 
@@ -40,12 +105,10 @@ class ThreatSpec:
     band: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise UsageError(f"unknown threat model {self.kind!r}; accepted: {', '.join(KINDS)}")
-        if self.kind == "corruptions":
+        if not threat_kind(self.kind).perturbations:
             return
-        if self.norm not in SPEC_NORMS:
-            raise UsageError(f"unknown norm {self.norm!r}; accepted: {', '.join(SPEC_NORMS)}")
+        if self.norm not in NORMS:
+            raise UsageError(f"unknown norm {self.norm!r}; accepted: {', '.join(NORMS)}")
         if not self.eps >= 0:  # also rejects NaN
             raise UsageError(f"eps must be >= 0, got {self.eps}")
         if self.kind == "lowfreq":
@@ -76,12 +139,12 @@ class ThreatSpec:
         """``[KIND:]NORM:EPS[:KEY=VALUE...]``: ``Linf:8/255``, ``L2:1``, ``L1:12``, ``lowfreq:L2:1:band=8``
         (``lowfreq:1``: norm L2). Keys: ``band`` (lowfreq) and ``options`` (returned as text, e.g. ``attacks``)."""
         parts = [p.strip() for p in text.split(":")]
-        kind = parts.pop(0) if parts and parts[0] in KINDS else "lp"
-        norm = parts.pop(0) if parts and parts[0] in SPEC_NORMS else (LOWFREQ_NORM if kind == "lowfreq" else "")
+        kind = parts.pop(0) if parts and parts[0] in _KINDS else "lp"
+        norm = parts.pop(0) if parts and parts[0] in NORMS else (LOWFREQ_NORM if kind == "lowfreq" else "")
         accepted = ("band", *options) if kind == "lowfreq" else options
         if not norm or not parts or "=" in parts[0]:
             raise UsageError(f"threat model {text!r}: expected [KIND:]NORM:EPS[:KEY=VALUE...] with KIND one of "
-                             f"{', '.join(KINDS[:2])} and NORM one of {', '.join(SPEC_NORMS)}, e.g. Linf:8/255, L2:1 "
+                             f"{', '.join(perturbation_kinds())} and NORM one of {', '.join(NORMS)}, e.g. Linf:8/255, L2:1 "
                              "or lowfreq:L2:1:band=8")
         try:
             eps = number_or_fraction(parts.pop(0))
@@ -104,7 +167,7 @@ class ThreatSpec:
         if self.kind == "corruptions":
             return "corruptions"
         size = f"{self.norm} ε={describe_eps(self.eps)}"
-        return size if self.kind == "lp" else f"{self.kind} {size} band={self.band}"
+        return size if self.kind == "lp" else f"{self.kind} {size}" + ("" if self.band is None else f" band={self.band}")
 
     def family(self) -> tuple[str, str, int | None]:
         """What two threat models must share to be one family, whose runs may differ in ``eps`` only."""

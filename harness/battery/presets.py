@@ -11,11 +11,11 @@ from typing import Any
 from harness.api.attack import ATTACKS
 from harness.api.config import load_toml, parse_literal
 from harness.battery.catalog import list_presets, preset_dirs, preset_entries, preset_path
-from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec
+from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec, attack_opt_target
 from harness.errors import MissingInputError, UsageError, did_you_mean
+from harness.stats.criteria import criterion_names
 
 ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.diagnostics.escalation)
-DECIDE_BY = ("all", "majority", "mean")  # a battery file's decide_by: the stop rule it was laid out for
 
 
 def battery_file(attacks: str, preset_dir: Path | None = None) -> Path | None:
@@ -31,8 +31,10 @@ def battery_decide_by(attacks: str, preset_dir: Path | None = None) -> str | Non
     """The ``decide_by`` a battery file sets (the run's default for ``--decide-by``); None when it sets none."""
     path = battery_file(attacks, preset_dir)
     value = None if path is None else load_toml(path).get("decide_by")
-    if value is not None and value not in DECIDE_BY:
-        raise UsageError(f"battery file {str(path)!r}: decide_by = {value!r}; accepted: {', '.join(DECIDE_BY)}")
+    accepted = criterion_names()  # the stop rule it was laid out for: a registered criterion
+    if value is not None and value not in accepted:
+        raise UsageError(f"battery file {str(path)!r}: decide_by = {value!r}{did_you_mean(str(value), accepted)}; "
+                         f"accepted: {', '.join(accepted)}")
     return value
 
 
@@ -111,7 +113,7 @@ def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
         if not specs:
             raise UsageError("--attacks is empty; give a preset name, a TOML file or attack names")
     for key, value in (attack_opts or {}).items():
-        target, _, opt = key.rpartition(".")
+        target, opt = attack_opt_target(key)
         hits = [s for s in specs if not target or s.name == target]
         if target.startswith(ESCALATION_PREFIX):  # an escalation attack's option: applied if it is added
             continue

@@ -37,8 +37,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.api.attack import Attack
+from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.gradmodes import GRAD_MODES
+from harness.api.precision import Autocast
 from harness.api.target import Target
 from harness.battery.spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
 from harness.errors import UsageError
@@ -97,15 +99,15 @@ def _check_eot(value: Any, where: str) -> int:
 
 
 def resolve(spec: AttackSpec, attack: Attack, *, stochastic: bool, run_grad: str | None = None,
-            run_eot: int | None = None, autocast: str = "none", probe: GradientProbe | None = None) -> Resolved:
+            run_eot: int | None = None, autocast: str = Autocast.NONE.value, probe: GradientProbe | None = None) -> Resolved:
     """Resolve ``spec``'s gradient mode and EOT (table in the module docstring) for ``attack`` (built from
     ``spec``) on a defense that is ``stochastic`` or not; ``run_grad``/``run_eot`` are the run's flags
     (``None``: not given), ``probe`` the first-batch gradient probe (``None``: every mode taken as live).
     Raises on a conflicting explicit setting, or an attack that cannot run under ``autocast``."""
     caps, name = attack.capabilities, spec.name
-    if autocast != "none" and not caps.supports_autocast:
+    if Autocast.parse(autocast) is not Autocast.NONE and not caps.supports_autocast:
         raise UsageError(f"--autocast {autocast}: attack {name!r} ({spec.attack}) does not support autocast; "
-                         "run it with --autocast none or drop it from the battery")
+                         f"run it with --autocast {Autocast.NONE.value} or drop it from the battery")
     opt_where, entry_where = f"attack {name!r} option", f"battery entry {name!r}"
     opt_grad = None if spec.options.get("grad") is None else _check_grad(spec.options["grad"], opt_where)
     entry_grad = None if spec.grad is None else _check_grad(spec.grad, entry_where)
@@ -149,29 +151,37 @@ def resolve(spec: AttackSpec, attack: Attack, *, stochastic: bool, run_grad: str
                     skip=skip)
 
 
+SUGGESTED = {"lp": "standard", "lowfreq": "lowfreq"}  # the battery a refusal suggests per kind (else: plain pgd)
+
+
 def describe(name: str, r: Resolved) -> str:
     """One log line: ``apgd-ce: grad full (default), EOT 20 (default)`` (and why it will not start, if so)."""
     line = f"{name}: grad {r.grad_mode} ({r.grad_source}), EOT {r.eot} ({r.eot_source})"
     return line + (f"; not started: {r.skip}" if r.skip else "")
 
 
-def check_battery(specs: list[AttackSpec], defense: Defense, *, eps: float, norm: str, run_grad: str | None,
-                  run_eot: int | None, autocast: str = "none", probe: GradientProbe | None = None,
-                  threat: str = "lp") -> list[tuple[str, Resolved]]:
-    """Build every entry and resolve its settings before any work, so a bad option, a conflicting
-    gradient mode or EOT, an attack that cannot run under ``autocast``, a gradient mode the defense
-    does not offer or an attack made for another kind of ``threat`` model (``Capabilities.threats``) fails at
+def check_threat_kind(spec: AttackSpec, attack: Attack, kind: str) -> None:
+    """Refuse an attack (built from ``spec``) that does not optimize in threat models of ``kind``
+    (``Capabilities.threats``): its answers would be projected into a set it never aimed at."""
+    if not attack.capabilities.serves(kind):
+        made_for = " or ".join(attack.capabilities.threats)
+        raise UsageError(f"attack {spec.name!r} ({spec.attack}) optimizes in {made_for} threat models, not {kind}; under "
+                         f"--threat {kind} use attacks made for it (e.g. --attacks {SUGGESTED.get(kind, 'pgd')}; "
+                         "docs/threat-models.md)")
+
+
+def check_battery(specs: list[AttackSpec], defense: Defense, config: RunConfig,
+                  probe: GradientProbe | None = None) -> list[tuple[str, Resolved]]:
+    """Build every entry and resolve its settings under the run's ``config`` before any work, so a bad option, a
+    conflicting gradient mode or EOT, an attack that cannot run under the run's autocast, a gradient mode the
+    defense does not offer or an attack made for another kind of threat model (``Capabilities.threats``) fails at
     once. Returns ``(name, resolved)`` per entry (for the log)."""
     out = []
     for spec in specs:
-        attack = spec.build(eps, norm)
-        if threat not in attack.capabilities.threats:
-            made_for = " or ".join(attack.capabilities.threats)
-            raise UsageError(f"attack {spec.name!r} ({spec.attack}) optimizes in {made_for} threat models, not "
-                             f"{threat}; under --threat {threat} use attacks made for it (e.g. --attacks "
-                             f"{'lowfreq' if threat == 'lowfreq' else 'standard'}; docs/threat-models.md)")
-        r = resolve(spec, attack, stochastic=defense.stochastic, run_grad=run_grad, run_eot=run_eot,
-                    autocast=autocast, probe=probe)
+        attack = spec.build(config.eps, config.norm)
+        check_threat_kind(spec, attack, config.threat)
+        r = resolve(spec, attack, stochastic=defense.stochastic, run_grad=config.grad, run_eot=config.eot,
+                    autocast=config.autocast, probe=probe)
         try:
             Target(defense, r.target_grad, r.eot)  # type: ignore[arg-type]
         except ValueError as exc:

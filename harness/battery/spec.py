@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from harness.api.attack import ATTACKS, Attack
 from harness.api.gradmodes import GRAD_MODES
@@ -18,6 +18,19 @@ RESOLVER_OPTIONS = ("grad", "eot")  # per-attack options read by the resolver, n
 # runs on a random share or number of the survivors first, and on the rest only if it broke one of them)
 SCHEDULE_OPTIONS = ("rungs", "probe")
 ENTRY_KEYS = ("name", "attack", "options", "grad", "eot", *SCHEDULE_OPTIONS)
+
+
+def attack_opt_target(key: str) -> tuple[str, str]:
+    """An ``--attack-opt`` key as ``(entry, option)``: ``NAME.KEY`` sets ``KEY`` of the entry ``NAME`` (an
+    escalation's: ``esc-NAME.KEY``), a bare ``KEY`` (entry ``""``) of every battery entry."""
+    entry, _, option = key.rpartition(".")
+    return entry, option
+
+
+def options_for(entry: str, attack_opts: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options ``--attack-opt ENTRY.KEY=VALUE`` sets on the entry named ``entry`` (not the bare ones)."""
+    return {option: value for key, value in (attack_opts or {}).items()
+            for target, option in [attack_opt_target(key)] if target == entry}
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch
 from harness.api._seeding import derive_seed
 from harness.api.config import load_toml
 from harness.api.defense import Defense, create_defense
-from harness.certify.smoothing import certify
+from harness.certify.smoothing import Noise, certify
 from harness.errors import ConfigError
 from harness.progress import get_logger, progress_bar, shard_text
 from harness.run._acceleration import resolve_device
@@ -128,8 +128,8 @@ def check_base_classifier(defense: Defense, sigma: float) -> None:
 def _certify_one(defense: Defense, x: torch.Tensor, cfg: CertifyConfig, index: int) -> tuple[Any, float]:
     gen = torch.Generator(device=x.device).manual_seed(derive_seed(cfg.seed, index, 0, SEED_NOISE))
     t0 = time.perf_counter()
-    cert = certify(defense, x, sigma=cfg.sigma, n0=cfg.n0, n=cfg.N, alpha=cfg.alpha, batch_size=cfg.batch_size,
-                   num_classes=defense.num_classes, generator=gen)
+    noise = Noise(sigma=cfg.sigma, batch_size=cfg.batch_size, generator=gen)
+    cert = certify(defense, x, noise, n0=cfg.n0, n=cfg.N, alpha=cfg.alpha, num_classes=defense.num_classes)
     if x.device.type == "cuda":
         torch.cuda.synchronize(x.device)
     return cert, time.perf_counter() - t0

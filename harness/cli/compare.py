@@ -7,14 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.options import add_statistics_options
+from harness.cli.options import add_criterion_option, add_statistics_options
 from harness.errors import UsageError
 
 COMMAND = "compare"
 HELP = "paired comparison of two runs (difference, interval, McNemar p)"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from harness.stats.scoring import Criterion
     p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Compare two runs on the same samples: paired bootstrap interval of the "
                                           "accuracy difference and the exact McNemar test. Runs with different "
@@ -26,8 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--attack-b", default=None,
                    help="column of RUN_B if different from --attack (RUN_B may equal RUN_A to compare two attacks; "
                         "meaningful for runs made with --every-attack)")
-    p.add_argument("--criterion", default="all", choices=[c.value for c in Criterion if c is not Criterion.MEAN],
-                   help="stochastic defenses: robust in all R draws (default) or in the majority")
+    add_criterion_option(p, fractional=False)
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare even if the attack budgets (certification: σ, n0, N, α) differ")
     p.add_argument("--radius", type=float, default=0.5,

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.options import add_statistics_options, check_output, emit
+from harness.cli.options import add_criterion_option, add_statistics_options, check_output, emit
 from harness.errors import UsageError
 
 COMMAND = "leaderboard"
@@ -36,8 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"),
                    help="output format (default markdown)")
     p.add_argument("--output", "-o", type=Path, metavar="FILE", help="write to FILE instead of standard output")
-    p.add_argument("--criterion", default="all", choices=("all", "majority"),
-                   help="stochastic defenses: robust in all R draws (default) or in the majority")
+    add_criterion_option(p, fractional=False)
     p.add_argument("--published-interval", default="clopper-pearson", choices=("clopper-pearson", "wilson"),
                    help="interval of a published accuracy without records, from its rounded count "
                         "(default clopper-pearson)")

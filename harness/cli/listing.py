@@ -1,6 +1,6 @@
-"""``harness list defenses|attacks|presets [PATTERN]``: what can be named on the command line; with an exact name,
-that entry's whole description and its options (what ``--defense-opt`` / ``--attack-opt`` accept), with types
-and defaults."""
+"""``harness list defenses|attacks|presets|criteria [PATTERN]``: what can be named on the command line; with an
+exact name, that entry's whole description and its options (what ``--defense-opt`` / ``--attack-opt`` accept), with
+types and defaults."""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +10,13 @@ import textwrap
 from typing import Any, Callable
 
 COMMAND = "list"
-HELP = "list registered defenses, attacks or battery presets (with a name: its options)"
+HELP = "list registered defenses, attacks, battery presets or stochastic criteria (with a name: its options)"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(COMMAND, help=HELP, description="List what --defense and --attacks accept; name one entry "
-                                                       "exactly to see its description and options.")
-    p.add_argument("what", choices=["defenses", "attacks", "presets"])
+    p = sub.add_parser(COMMAND, help=HELP, description="List what --defense, --attacks and --criterion accept; name "
+                                                       "one entry exactly to see its description and options.")
+    p.add_argument("what", choices=["defenses", "attacks", "presets", "criteria"])
     p.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'apgd*', or an exact name")
     p.set_defaults(func=main)
 
@@ -61,12 +61,23 @@ def _factory(registry: Any, what: str, spec: str) -> Callable[..., Any]:
     return factory
 
 
+def _criteria(pattern: str) -> list[tuple[str, str]]:
+    """The registered stochastic criteria matching ``pattern``: what --criterion and --decide-by accept."""
+    import fnmatch
+
+    from harness.stats.criteria import list_criteria
+    return [(c.name, c.description + (" (fractional)" if c.fractional else "")) for c in list_criteria()
+            if fnmatch.fnmatch(c.name, pattern)]
+
+
 def main(args: argparse.Namespace) -> int:
     if args.what == "presets":
         import fnmatch
 
         from harness.battery.catalog import list_presets
         rows = [(n, d) for n, d in list_presets().items() if fnmatch.fnmatch(n, args.pattern)]
+    elif args.what == "criteria":
+        rows = _criteria(args.pattern)
     else:
         if args.what == "defenses":
             from harness.api.defense import DEFENSES as registry

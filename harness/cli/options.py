@@ -9,11 +9,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from harness.api.config import RULES, RunConfig
+from harness.api.config import RULES, RunConfig, rules
 from harness.api.frontend import FrontEnd
+from harness.api.threatspec import threat_kinds
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
 from harness.errors import UsageError
 from harness.sources.catalog import parse_indices
+from harness.stats.criteria import DEFAULT_DECIDE_BY, DEFAULT_REPORT_CRITERION, list_criteria
 
 DEFENSE_HELP = "registered name (see `harness list defenses`), file.py:factory or module:factory"
 DATA_ROOT_HELP = "data directory [$HARNESS_DATA, else ~/.cache/harness/data]"
@@ -52,10 +54,11 @@ RUN_HELP: dict[str, str] = {
            "[default: 1, or 20 on a stochastic defense]",
     "eval_repeats": "evaluations of each final input [default: 10 if stochastic, else 1]",
     "every_attack": "run every attack on every sample (default: cascade, each attack only on samples still robust)",
-    "decide_by": "stochastic defenses: the criterion after which the cascade stops attacking a sample: mean (while "
-                 "any draw is correct; exact under every report criterion), majority, or all (stop at the first "
-                 "wrong draw: cheapest, exact under --criterion all, the other criteria upper bounds) [default: the "
-                 "battery file's decide_by, else mean]",
+    "decide_by": "stochastic defenses: the criterion after which the cascade stops attacking a sample, one of "
+                 "%(choices)s (a sample is attacked while it scores above 0 under it): mean while any draw is "
+                 "correct (exact under every report criterion), all until the first wrong draw (cheapest, exact under "
+                 "--criterion all, the other criteria upper bounds) [default: the battery file's decide_by, else "
+                 f"{DEFAULT_DECIDE_BY}]",
     "escalate": "do not add attacks when a diagnostic fires (flags are still reported)",
     "skip_dead_gradients": "run every battery stage even after its gradient mode was found dead (zero or non-finite "
                            "on every probed sample); by default such stages are skipped and recorded as skipped",
@@ -114,7 +117,8 @@ def _integers(text: str) -> list[int]:
 _TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str, "indices": _indices, "corruptions": _names,
                           "severities": _integers}
 _METAVARS = {"defense_opts": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN",
-             "indices": "FILE|LIST", "corruptions": "NAME,...", "severities": "S,...", "about": "|".join(RULES["about"].choices)}
+             "indices": "FILE|LIST", "corruptions": "NAME,...", "severities": "S,...", "about": "|".join(RULES["about"].choices),
+             "threat": "|".join(threat_kinds())}
 _SCHEMA_CHECKED = {"about"}  # choices checked by the schema after parsing (a one-line error), not by argparse
 
 
@@ -129,10 +133,11 @@ def add_config_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()
     :func:`config_overrides`)."""
     hints = typing.get_type_hints(RunConfig)
     defaults = RunConfig()
+    schema = rules()  # the choices of registries as they are now (a criterion registered before parsing included)
     for name, text in RUN_HELP.items():
         if name in exclude:
             continue
-        flag, rule, kind = FrontEnd.CLI.option(name), RULES.get(name), _base_type(hints[name])
+        flag, rule, kind = FrontEnd.CLI.option(name), schema.get(name), _base_type(hints[name])
         default = getattr(defaults, name)
         hidden = "[default" in text or default is None or isinstance(default, bool) or default == {}
         shown = "" if hidden else f" [default: {_shown(name, default)}]"
@@ -187,6 +192,16 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
                    "or hf:NAME[:SPLIT] (docs/datasets.md) [cifar10]")
     p.add_argument("--data-root", help=DATA_ROOT_HELP)
     p.add_argument("--download", action="store_true", help="let torchvision download the dataset if missing")
+
+
+def add_criterion_option(p: argparse.ArgumentParser, *, fractional: bool = True) -> None:
+    """``--criterion`` of report, compare and leaderboard: the registered criteria (:mod:`harness.stats.criteria`)
+    when the parser is built, each with its description; ``fractional=False``: only those with 0/1 outcomes (the
+    paired tests need them)."""
+    accepted = [c for c in list_criteria() if fractional or not c.fractional]
+    text = "; ".join(f"{c.name}: {c.description}" for c in accepted)
+    p.add_argument("--criterion", default=DEFAULT_REPORT_CRITERION, choices=[c.name for c in accepted],
+                   help=f"stochastic defenses: when a sample counts as robust ({text}) [{DEFAULT_REPORT_CRITERION}]")
 
 
 def add_statistics_options(p: argparse.ArgumentParser, *, bootstrap: bool = True, alpha: str | None = None,

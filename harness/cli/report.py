@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.options import add_statistics_options, check_output, emit
+from harness.cli.options import add_criterion_option, add_statistics_options, check_output, emit
 from harness.errors import UsageError
 
 COMMAND = "report"
@@ -12,7 +12,6 @@ HELP = "table of clean/robust accuracy with 95%% intervals from run directories"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from harness.reports import FORMATS
-    from harness.stats.scoring import Criterion
 
     p = subparsers.add_parser(COMMAND, help=HELP,
                               description="Combine run directories into one table: a row per defense, a column per "
@@ -23,8 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", type=Path, help="write to FILE instead of standard output")
     p.add_argument("--columns", metavar="C1,C2,...", help="attack runs: the columns to show, in this order (clean, "
                                                         "attack names, worst-case) [all]")
-    p.add_argument("--criterion", default="all", choices=[c.value for c in Criterion],
-                   help="stochastic defenses: robust in all R draws (default), in the majority, or mean over draws")
+    add_criterion_option(p)
     add_statistics_options(p)
     p.add_argument("--radii", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0], metavar="R",
                    help="certification runs: the ℓ2 radii of the certified-accuracy columns [0 0.25 0.5 0.75 1]")

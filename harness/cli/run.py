@@ -56,9 +56,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """File config (if any) overridden by the flags that were given."""
     base = config_from_mapping(load_toml(args.config, "--config file"), source=args.config) if args.config else RunConfig()
     overrides = config_overrides(args)
-    cfg = merge(base, overrides)
-    if args.attacks is not None or args.attack_opts:
-        cfg.battery = []  # re-resolve from the given --attacks rather than a battery in the file
+    cfg = merge(base, overrides)  # a given --attacks or --attack-opt drops the file's resolved battery
     check_destination(cfg)
     return cfg
 
@@ -76,6 +74,7 @@ def check_destination(cfg: RunConfig) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from harness.front.evaluation import run_config
+    from harness.run.executors import make_executor
     from harness.run.runner import estimate_run
     cfg = config_from_args(args)
     setup_logging(getattr(args, "verbose", 0), bool(cfg.quiet))
@@ -84,9 +83,9 @@ def main(args: argparse.Namespace) -> int:
     if args.estimate:
         print(estimate_run(cfg, samples=args.estimate_samples).text())
         return 0
-    result = run_config(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice, executor=args.executor,
-                        ray_address=args.ray_address, gpus_per_task=args.gpus_per_task,
-                        cpus_per_task=args.cpus_per_task)
+    executor = make_executor(args.executor, address=args.ray_address, gpus_per_task=args.gpus_per_task,
+                             cpus_per_task=args.cpus_per_task)
+    result = run_config(cfg, force_resume=args.force_resume, shard_slice=args.shard_slice, executor=executor)
     if not result.complete and args.shard_slice is not None:
         i, n = args.shard_slice
         missing = len(result.run.completeness.missing_shards) if result.run.completeness else 0
@@ -101,3 +100,4 @@ def main(args: argparse.Namespace) -> int:
     print(table)
     print(f"records: {result.run_dir}", file=sys.stderr)
     return 0
+

@@ -66,7 +66,7 @@ def configs(args: argparse.Namespace) -> list[tuple[Any, Any]]:
     out = []
     for spec, extra in parsed:
         cfg = merge(base, {k: v for k, v in spec.fields().items() if v is not None})
-        cfg.band, cfg.run_id, cfg.battery = spec.band, None, []
+        cfg.band, cfg.run_id, cfg.battery = spec.band, None, []  # each threat model resolves its own battery
         cfg.attacks = extra.get("attacks") or battery_for(spec, base.attacks)
         check_destination(cfg)
         out.append((spec, cfg))

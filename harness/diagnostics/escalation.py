@@ -1,42 +1,107 @@
-"""Auto-escalation rules: which attack addresses which diagnostic.
+"""Auto-escalation rules: which attacks address which diagnostic.
 
-Each rule maps a flag code (and the stage that raised it) to battery entries (plain dicts in
+Each rule maps a flag code (and the :class:`Setting` of the stage that raised it) to battery entries (plain dicts in
 the ``[[attacks]]`` schema of ``harness.battery.presets.AttackSpec``: ``name``, ``attack``, ``options``,
 ``grad``, ``eot``). The runner adds them after the configured battery (``harness.diagnostics.merge``:
 one per attack, at the most EOT draws requested; a repeat of a stage in rungs keeps its rungs) and runs them on the
-samples still robust. Rules are pure functions of the flag and the stage's configuration, so a resumed run escalates
-exactly like an uninterrupted one. An escalation sets
-the gradient mode and EOT it needs as per-attack options (``options.grad`` / ``options.eot``), which
-outrank the run's ``--grad``/``--eot`` (``harness.battery.resolve``): it exists to fix a specific failure.
+samples still robust. Rules are pure functions of the flag and the stage's setting, so a resumed run escalates
+exactly like an uninterrupted one. An escalation sets the gradient mode and EOT it needs as per-attack options
+(``options.grad`` / ``options.eot``), which outrank the run's ``--grad``/``--eot`` (``harness.battery.resolve``): it
+exists to fix a specific failure.
 
-| code                  | escalation                                                                 |
+A rule names no attack: it asks for what the attack must be (a :class:`Need`, read against each registered
+attack's ``harness.api.attack.Capabilities``), and the registered attacks that declare a ``priority`` and satisfy
+it are tried in order of priority, then name, for the run's kind of threat model; the first that builds under the
+run's threat model is taken. When none does, the flag's message says so and a warning is logged
+(:func:`unmet_note`): a removed plugin does not silently remove its escalation, and the run still ends in a verdict.
+
+| code                  | escalation (the name ``esc-...``: what it asks for)                        |
 |-----------------------|----------------------------------------------------------------------------|
-| zero-grad, nonfinite-grad, identity-jacobian, masking-large-eps, blackbox-beats-whitebox (purifier, not yet BPDA) | ``bpda-eot`` (+ ``joint-rec`` when registered and the defense has auxiliary losses) |
-| the same codes, when the defense supplies a surrogate gradient not yet used | also ``pgd-surrogate``: PGD-100 + EOT with ``grad = "surrogate"`` |
-| the same codes without a purifier (or already BPDA) | ``apgd-dlr`` (scale-invariant margin loss), ``square`` and ``rays`` |
-| ce-vanishing, loss-flat, probability-logits | ``apgd-dlr`` (scale-invariant margin loss)                    |
+| zero-grad, nonfinite-grad, identity-jacobian, masking-large-eps, blackbox-beats-whitebox (purifier, not yet BPDA) | ``bpda-eot``: an EOT gradient attack in ``bpda`` mode, 100 steps (+ ``joint-rec``: one that attacks the defense's auxiliary losses, when it has some) |
+| the same codes, when the defense supplies a surrogate gradient not yet used | also ``pgd-surrogate``: an EOT gradient attack, 100 steps, ``grad = "surrogate"`` |
+| the same codes without a purifier (or already BPDA) | ``apgd-dlr`` (a scale-invariant loss), ``square`` (gradient-free, score-based) and ``rays`` (decision-based, ℓ∞) |
+| ce-vanishing, loss-flat, probability-logits | ``apgd-dlr``                                                               |
 | eot-disagree          | the same attack with more EOT draws                                        |
 | acc-still-falling     | the same attack with 4x the iterations (or queries)                        |
-| noise-beats-attack, dead-gradient-mode, no-gradient, grad-changes-output (first batch) | ``square`` (and ``rays`` for ℓ∞): gradient-free, with EOT on stochastic defenses |
-| gradient-mispredicts  | ``pgd-last`` (PGD-100, margin loss, exact gradients, answers its last iterate) and the gradient-free ones |
+| noise-beats-attack, dead-gradient-mode, no-gradient, grad-changes-output (first batch) | ``square`` (and ``rays`` for ℓ∞), with EOT on stochastic defenses |
+| gradient-mispredicts  | ``pgd-last`` (a gradient attack in ``full`` mode, 100 steps, margin loss, answering its last iterate) and the gradient-free ones |
 """
 from __future__ import annotations
 
+import logging
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-from harness.api.attack import ATTACKS, Attack
-from harness.api.flags import GRADIENT_FLAGS, FlagCode
+from harness.api.attack import ATTACKS, Capabilities, declared_capabilities
+from harness.api.flags import GRADIENT_FLAGS, FlagCode, all_codes
+from harness.api.options import options_of
 from harness.battery.presets import ESCALATION_PREFIX
-
-if TYPE_CHECKING:
-    from harness.battery.spec import AttackSpec
+from harness.battery.spec import AttackSpec
+from harness.diagnostics.checks import could_fire
+from harness.diagnostics.evidence import Flag, Setting
 
 # flags that only attacks needing no gradients of the defense can answer
 QUERY_FLAGS = frozenset({FlagCode.NOISE_BEATS_ATTACK, FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT,
                          FlagCode.GRAD_CHANGES_OUTPUT})
+MARGIN_FLAGS = frozenset({FlagCode.CE_VANISHING, FlagCode.LOSS_FLAT, FlagCode.PROBABILITY_LOGITS})
 MAX_EOT = 200
 GRADIENT_EOT, QUERY_EOT = 20, 8  # the least EOT an escalation uses on a stochastic defense
+LOG = logging.getLogger("harness.diagnostics")
+
+
+@dataclass(frozen=True)
+class Need:
+    """What an escalation's attack must be, in terms of :class:`harness.api.attack.Capabilities`: made for the
+    ``threat`` kind; ``gradients`` True (differentiates the defense) or False (gradient-free), None: either;
+    ``grad_mode``: it can run in this gradient mode (not fixed to another); ``eot``: it averages EOT draws;
+    ``scale_invariant``: a loss invariant to the logits' scale; ``decision_based`` True (hard-label) or False
+    (score-based), None: either; ``aux_losses``: it attacks the defense's auxiliary losses (an attack that needs
+    them is offered only when asked for)."""
+    threat: str = "lp"
+    gradients: bool | None = None
+    grad_mode: str | None = None
+    eot: bool = False
+    scale_invariant: bool = False
+    decision_based: bool | None = None
+    aux_losses: bool = False
+
+    def satisfied_by(self, caps: Capabilities) -> bool:
+        return (caps.priority is not None and caps.serves(self.threat)
+                and (self.gradients is None or caps.uses_gradients == self.gradients)
+                and (self.grad_mode is None or caps.fixed_grad_mode in (None, self.grad_mode))
+                and (caps.supports_eot or not self.eot) and (caps.scale_invariant or not self.scale_invariant)
+                and (self.decision_based is None or caps.decision_based == self.decision_based)
+                and caps.uses_aux_losses == self.aux_losses)
+
+    def describe(self) -> str:
+        """``a gradient-free, score-based, EOT-capable attack for threat lp``."""
+        traits = [{True: "gradient-based", False: "gradient-free", None: ""}[self.gradients],
+                  {True: "decision-based", False: "score-based", None: ""}[self.decision_based],
+                  "EOT-capable" if self.eot else "", "scale-invariant" if self.scale_invariant else ""]
+        also = [f"able to run in {self.grad_mode} mode" if self.grad_mode else "",
+                "attacking the defense's auxiliary losses" if self.aux_losses else ""]
+        return " ".join([f"a {', '.join(t for t in traits if t)} attack for threat {self.threat}".replace("a  ", "an "),
+                         *(t for t in also if t)])
+
+
+@dataclass
+class Request:
+    """One escalation a rule asks for: named ``esc-<name>``, by an attack satisfying ``need``, run with ``options``
+    (and ``effort`` iterations or queries, through the attack's ``effort_option``; ``grad``: the entry's gradient
+    mode key)."""
+    name: str
+    need: Need
+    options: dict[str, Any] = field(default_factory=dict)
+    effort: int | None = None
+    grad: str | None = None
+
+
+@dataclass
+class Escalation:
+    """The battery entries a flag adds (``specs``) and the requests no registered attack provides (``unmet``)."""
+    specs: list[dict[str, Any]]
+    unmet: list[Request]
 
 
 def _spec(name: str, attack: str, options: dict[str, Any] | None = None, grad: str | None = None,
@@ -55,26 +120,45 @@ def _eot(stochastic: bool, current: int, least: int) -> dict[str, Any]:
     return {"eot": max(int(current), least)} if stochastic else {}
 
 
-def bpda_eot(stochastic: bool, has_aux: bool, eot: int) -> list[dict[str, Any]]:
-    """BPDA+EOT (EOT-20 on stochastic defenses) and, if available, the defense-aware joint attack."""
-    out = [_spec("bpda-eot", "bpda-eot", _eot(stochastic, eot, GRADIENT_EOT))]
-    if has_aux and "joint-rec" in ATTACKS:
-        out.append(_spec("joint-rec", "joint-rec", _eot(stochastic, eot, GRADIENT_EOT)))
-    return out
+def providers(need: Need) -> list[str]:
+    """The registered attacks that satisfy ``need``, in the order they are tried: priority, then name."""
+    found = []
+    for name in ATTACKS.names():
+        try:
+            caps = declared_capabilities(ATTACKS.get(name))
+        except LookupError as exc:  # a plugin's entry point that fails to load provides nothing; the run goes on
+            LOG.warning("escalation: %s", exc)
+            continue
+        if caps is not None and need.satisfied_by(caps):
+            found.append((caps.priority, name))
+    return [name for _, name in sorted(found)]
 
 
-def surrogate_pgd(stochastic: bool, eot: int) -> list[dict[str, Any]]:
-    """PGD-100 + EOT through the defense's own surrogate gradient."""
-    return [_spec("pgd-surrogate", "pgd", {"steps": 100, "grad": "surrogate", **_eot(stochastic, eot, GRADIENT_EOT)})]
+def _default(factory: Any, option: str) -> Any:
+    accepted = options_of(factory)
+    return next((o.default for o in accepted.options if o.name == option), None) if accepted else None
 
 
-def margin_loss(grad: str | None = None) -> list[dict[str, Any]]:
-    """APGD on the DLR loss: invariant to logit scale, so saturated cross-entropy does not stop it
-    (in the flagged stage's gradient mode ``grad``; ``None``: the run's)."""
-    return [_spec("apgd-dlr", "apgd-dlr", {"grad": grad} if grad else {})]
+def fulfil(request: Request, eps: float, norm: str) -> dict[str, Any] | None:
+    """The battery entry of the first provider of ``request`` (:func:`providers`) that builds under the run's
+    threat model (``eps``, ``norm``); None when none does."""
+    for name in providers(request.need):
+        factory = ATTACKS.get(name)
+        caps = declared_capabilities(factory)
+        assert caps is not None  # a provider declares its capabilities
+        options: dict[str, Any] = {}
+        if request.effort and caps.effort_option and _default(factory, caps.effort_option) != request.effort:
+            options[caps.effort_option] = request.effort
+        mode = request.need.grad_mode
+        if mode is not None and request.grad is None and caps.fixed_grad_mode != mode:
+            options["grad"] = mode
+        spec = _spec(request.name, name, {**options, **request.options}, grad=request.grad)
+        if buildable([spec], eps, norm):
+            return spec
+    return None
 
 
-def more_eot(spec: AttackSpec, attack: Attack, current: int, cosine: float) -> list[dict[str, Any]]:
+def more_eot(spec: AttackSpec, attack: Any, current: int, cosine: float) -> list[dict[str, Any]]:
     """The same attack with enough draws that two independent estimates should agree (cosine ≳ 0.8).
 
     With E draws the cosine of two estimates is about s/(1+s), s the per-E signal-to-noise ratio,
@@ -86,7 +170,7 @@ def more_eot(spec: AttackSpec, attack: Attack, current: int, cosine: float) -> l
     return [_spec(f"{spec.name}-eot{new}", spec.attack, {**spec.options, "eot": new}, grad=spec.grad, eot=spec.eot)]
 
 
-def more_iterations(spec: AttackSpec, attack: Attack, factor: int = 4) -> list[dict[str, Any]]:
+def more_iterations(spec: AttackSpec, attack: Any, factor: int = 4) -> list[dict[str, Any]]:
     """The same attack with ``factor`` times the iterations or queries (its ``effort_option``)."""
     more = attack.more_effort(factor)
     if not more:
@@ -94,64 +178,126 @@ def more_iterations(spec: AttackSpec, attack: Attack, factor: int = 4) -> list[d
     return [_spec(f"{spec.name}-x{factor}", spec.attack, {**spec.options, **more}, grad=spec.grad, eot=spec.eot)]
 
 
-def follow_gradient(stochastic: bool, norm: str) -> list[dict[str, Any]]:
-    """When the defense's answers cannot be trusted but its exact gradient can (``gradient-mispredicts``): PGD-100
-    on the margin loss that answers its last iterate instead of choosing by the defense's answers (the verdict
-    judges the point), then the gradient-free attacks."""
-    pgd = [_spec("pgd-last", "pgd", {"steps": 100, "loss": "margin", "keep": "last", **_eot(stochastic, 1,
-                                                                                            GRADIENT_EOT)},
-                 grad="full")] if norm in ("Linf", "L2") else []
-    return pgd + gradient_free(stochastic, norm)
-
-
-def gradient_free(stochastic: bool, norm: str) -> list[dict[str, Any]]:
-    """Square (score-based, each query over 8 draws on stochastic defenses); RayS for ℓ∞."""
-    out = []
-    if norm in ("Linf", "L2"):
-        out.append(_spec("square", "square", _eot(stochastic, 1, QUERY_EOT)))
-    if norm == "Linf":
-        out.append(_spec("rays", "rays", _eot(stochastic, 1, QUERY_EOT)))
+def bpda_eot(s: Setting) -> list[Request]:
+    """BPDA+EOT (EOT-20 on stochastic defenses) and, when the defense has auxiliary losses, an attack on them."""
+    eot = _eot(s.stochastic, s.eot, GRADIENT_EOT)
+    out = [Request("bpda-eot", Need(s.threat, gradients=True, grad_mode="bpda", eot=True), eot, effort=100)]
+    if s.has_aux:
+        out.append(Request("joint-rec", Need(s.threat, gradients=True, eot=True, aux_losses=True), eot))
     return out
 
 
-# under a low-frequency threat model each escalation runs its counterpart that optimizes in the band (attack, options
-# to add, and the name that replaces the attack's in the escalation's name); escalations without one (RayS,
-# joint-rec, transfer) are dropped
-LOWFREQ_COUNTERPARTS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "bpda-eot": ("pgd-lowfreq", {"steps": 100, "grad": "bpda"}, "pgd-lowfreq-bpda-eot"),
-    "pgd": ("pgd-lowfreq", {}, "pgd-lowfreq"), "apgd-dlr": ("apgd-lowfreq-dlr", {}, "apgd-lowfreq-dlr"),
-    "apgd-ce": ("apgd-lowfreq-ce", {}, "apgd-lowfreq-ce"), "square": ("square-lowfreq", {}, "square-lowfreq"),
-}
+def surrogate_pgd(s: Setting) -> list[Request]:
+    """A 100-step EOT gradient attack through the defense's own surrogate gradient."""
+    return [Request("pgd-surrogate", Need(s.threat, gradients=True, grad_mode="surrogate", eot=True),
+                    _eot(s.stochastic, s.eot, GRADIENT_EOT), effort=100)]
 
 
-def threat_kind(attack: Attack) -> str:
-    """The kind of threat model an attack optimizes in (``lp`` when it serves several)."""
-    kinds = attack.capabilities.threats
-    return "lp" if "lp" in kinds else kinds[0]
+def margin_loss(s: Setting, grad: str | None) -> list[Request]:
+    """An attack on a loss invariant to logit scale (APGD-DLR), so saturated cross-entropy does not stop it (in the
+    flagged stage's gradient mode ``grad``; ``None``: the run's)."""
+    return [Request("apgd-dlr", Need(s.threat, gradients=True, grad_mode=grad, scale_invariant=True))]
 
 
-def for_threat(specs: list[dict[str, Any]], kind: str, own: str | None = None) -> list[dict[str, Any]]:
-    """Escalation specs for a run of threat-model ``kind``: unchanged for ``lp``; for ``lowfreq`` each attack's
-    counterpart in the band (:data:`LOWFREQ_COUNTERPARTS`; ``esc-apgd-dlr`` becomes ``esc-apgd-lowfreq-dlr``) with the
-    escalation's options, and the flagged stage's own attack ``own`` (more iterations or EOT draws of it)."""
-    if kind != "lowfreq":
-        return specs
+def gradient_free(s: Setting) -> list[Request]:
+    """A score-based gradient-free attack (Square: each query over 8 draws on stochastic defenses); for ℓ∞ also a
+    decision-based one (RayS)."""
+    eot = _eot(s.stochastic, 1, QUERY_EOT)
     out = []
-    for spec in specs:
-        if spec["attack"] == own:
-            out.append(spec)
-        elif spec["attack"] in LOWFREQ_COUNTERPARTS:
-            attack, extra, name = LOWFREQ_COUNTERPARTS[spec["attack"]]
-            out.append({**spec, "name": spec["name"].replace(spec["attack"], name, 1), "attack": attack,
-                        "options": {**extra, **spec.get("options", {})}})
+    if s.norm in ("Linf", "L2"):
+        out.append(Request("square", Need(s.threat, gradients=False, decision_based=False, eot=True), eot))
+    if s.norm == "Linf":
+        out.append(Request("rays", Need(s.threat, gradients=False, decision_based=True, eot=True), eot))
     return out
+
+
+def follow_gradient(s: Setting) -> list[Request]:
+    """When the defense's answers cannot be trusted but its exact gradient can (``gradient-mispredicts``): a 100-step
+    gradient attack on the margin loss that answers its last iterate instead of choosing by the defense's answers
+    (the verdict judges the point), then the gradient-free attacks."""
+    last = [Request("pgd-last", Need(s.threat, gradients=True, grad_mode="full"),
+                    {"loss": "margin", "keep": "last", **_eot(s.stochastic, 1, GRADIENT_EOT)}, effort=100,
+                    grad="full")] if s.norm in ("Linf", "L2") else []
+    return last + gradient_free(s)
+
+
+def _masked(code: FlagCode, s: Setting) -> list[Request]:
+    """The gradient flags: another gradient path (BPDA through a purifier, the surrogate), else a margin loss and
+    attacks needing no gradient."""
+    out: list[Request] = []
+    if s.has_purifier and (s.grad_mode != "bpda" or code == FlagCode.IDENTITY_JACOBIAN):
+        out = bpda_eot(s)
+    elif code != FlagCode.IDENTITY_JACOBIAN:
+        out = margin_loss(s, s.grad_mode if s.uses_gradients else None) + gradient_free(s)
+    if s.has_surrogate and s.grad_mode != "surrogate":
+        out += surrogate_pgd(s)
+    return out
+
+
+def _asked(code: FlagCode, s: Setting, value: float) -> list[Request | dict[str, Any]]:
+    """What a flag ``code`` on a stage of ``s`` asks for: requests, and repeats of the flagged attack itself."""
+    if code in GRADIENT_FLAGS:
+        return list(_masked(code, s))
+    if code in QUERY_FLAGS:
+        return list(gradient_free(s))
+    if code == FlagCode.GRADIENT_MISPREDICTS:
+        return list(follow_gradient(s))
+    if code in MARGIN_FLAGS:
+        return list(margin_loss(s, s.grad_mode if s.uses_gradients else None))
+    if s.attack is None or s.spec is None:
+        return []
+    if code == FlagCode.EOT_DISAGREE:
+        return list(more_eot(s.spec, s.attack, s.eot, value))
+    if code == FlagCode.ACC_STILL_FALLING:
+        return list(more_iterations(s.spec, s.attack))
+    return []
+
+
+def escalate(code: FlagCode | str, setting: Setting, value: float = math.nan) -> Escalation:
+    """The escalations a flag ``code`` (measured ``value``) raised on a stage of ``setting`` adds, each built under
+    the run's threat model, and the requests no registered attack provides."""
+    out = Escalation([], [])
+    for asked in _asked(FlagCode(code), setting, value):
+        if isinstance(asked, Request):
+            spec = fulfil(asked, setting.eps, setting.norm)
+            out.specs += [spec] if spec is not None else []
+            out.unmet += [asked] if spec is None else []
+        else:  # a repeat of the flagged attack: dropped when its options do not build (an attack without effort)
+            out.specs += buildable([asked], setting.eps, setting.norm)
+    return out
+
+
+def rules(code: FlagCode | str, setting: Setting, value: float = math.nan) -> list[dict[str, Any]]:
+    """The battery entries of :func:`escalate`."""
+    return escalate(code, setting, value).specs
+
+
+def escalated(flag: Flag, setting: Setting) -> Flag:
+    """``flag`` with the attacks its code adds on a stage of ``setting`` (:func:`escalate`); a request no
+    registered attack provides is said in the flag's message and logged, so the run still reaches its verdict."""
+    found = escalate(flag.code, setting, flag.value)
+    flag.escalate = found.specs
+    if found.unmet:
+        note = unmet_note(found.unmet, setting.eps, setting.norm)
+        LOG.warning("%s on %s: %s", flag.code.value, flag.attack, note)
+        flag.message = f"{flag.message}; {note}"
+    return flag
+
+
+def unmet_note(unmet: list[Request], eps: float, norm: str) -> str:
+    """What a flag's message says of the escalations no registered attack provides (naming the attacks that
+    declare what was asked but do not build under the run's threat model, ``eps`` and ``norm``, with its options)."""
+    notes = []
+    for r in unmet:
+        tried = providers(r.need)
+        why = f" ({', '.join(tried)} declare it but do not build with its options at {norm} eps={eps:.4g})" if tried else ""
+        notes.append(f"no registered attack provides {r.need.describe()}{why}, so esc-{r.name} was not added")
+    return "; ".join(notes)
 
 
 def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[str, Any]]:
     """The specs that build under the run's threat model (e.g. RayS is ℓ∞-only); the others are
     dropped, never run half-valid."""
-    from harness.battery.spec import AttackSpec
-
     out = []
     for spec in specs:
         try:
@@ -162,72 +308,16 @@ def buildable(specs: list[dict[str, Any]], eps: float, norm: str) -> list[dict[s
     return out
 
 
-def rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad_mode: str, stochastic: bool,
-          has_aux: bool, has_surrogate: bool = False, eot: int = 1, value: float = math.nan) -> list[dict[str, Any]]:
-    """Escalation specs for a flag ``code`` raised on the stage ``spec``/``attack``, which ran with
-    ``grad_mode`` and ``eot`` (empty: none applies), for the kind of threat model ``attack`` optimizes in
-    (:func:`for_threat`)."""
-    return for_threat(_rules(code, spec=spec, attack=attack, has_purifier=has_purifier, grad_mode=grad_mode,
-                             stochastic=stochastic, has_aux=has_aux, has_surrogate=has_surrogate, eot=eot, value=value),
-                      threat_kind(attack), getattr(spec, "attack", None))
-
-
-def _rules(code: FlagCode, *, spec: Any, attack: Attack, has_purifier: bool, grad_mode: str, stochastic: bool,
-           has_aux: bool, has_surrogate: bool = False, eot: int = 1, value: float = math.nan) -> list[dict[str, Any]]:
-    code = FlagCode(code)
-    own_grad = grad_mode if attack.capabilities.uses_gradients else None
-    out: list[dict[str, Any]] = []
-    if code in GRADIENT_FLAGS:
-        if has_purifier and (grad_mode != "bpda" or code == FlagCode.IDENTITY_JACOBIAN):
-            out = bpda_eot(stochastic, has_aux, eot)
-        elif code != FlagCode.IDENTITY_JACOBIAN:  # no other gradient path: a margin loss, and attacks needing none
-            out = margin_loss(own_grad) + gradient_free(stochastic, attack.norm)
-        if has_surrogate and grad_mode != "surrogate":
-            out += surrogate_pgd(stochastic, eot)
-    elif code in QUERY_FLAGS:
-        out = gradient_free(stochastic, attack.norm)
-    elif code == FlagCode.GRADIENT_MISPREDICTS:
-        out = follow_gradient(stochastic, attack.norm)
-    elif code in (FlagCode.CE_VANISHING, FlagCode.LOSS_FLAT, FlagCode.PROBABILITY_LOGITS):
-        out = margin_loss(own_grad)
-    elif code == FlagCode.EOT_DISAGREE:
-        out = more_eot(spec, attack, eot, value)
-    elif code == FlagCode.ACC_STILL_FALLING:
-        out = more_iterations(spec, attack)
-    return out
-
-
-GRADIENT_CHECKS = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD, FlagCode.CE_VANISHING, FlagCode.LOSS_FLAT,
-                             FlagCode.IDENTITY_JACOBIAN, FlagCode.MASKING_LARGE_EPS,
-                             FlagCode.GRADIENT_MISPREDICTS})  # raised on gradient attacks only
-
-
-def could_fire(code: FlagCode, attack: Attack, *, stage: int, stochastic: bool) -> bool:
-    """Whether an after-stage check (``harness.diagnostics.after_stage``) can raise ``code`` on stage number
-    ``stage`` running ``attack``: the conditions under which each check looks at all."""
-    grads = bool(attack.capabilities.uses_gradients)
-    if code in GRADIENT_CHECKS:
-        return grads
-    if code == FlagCode.EOT_DISAGREE:
-        return grads and stochastic
-    if code == FlagCode.BLACKBOX_BEATS_WHITEBOX:
-        return not grads and stage > 1
-    return code in (FlagCode.ACC_STILL_FALLING, FlagCode.NOISE_BEATS_ATTACK, FlagCode.PROBABILITY_LOGITS)
-
-
-def possible(spec: Any, attack: Attack, *, stage: int, has_purifier: bool, grad_mode: str, stochastic: bool,
-             has_aux: bool, has_surrogate: bool = False, eot: int = 1) -> list[tuple[FlagCode, dict[str, Any]]]:
-    """Every escalation a flag on stage ``stage`` (``spec``/``attack``, run with ``grad_mode`` and ``eot``) could add,
-    with the code that would add it (the first one, by code order): what a run adds at most after that stage. An
-    ``eot-disagree`` flag is taken at its worst (the most draws)."""
+def possible(setting: Setting) -> list[tuple[FlagCode, dict[str, Any]]]:
+    """Every escalation a flag on a stage of ``setting`` could add, with the code that would add it (the first one,
+    by code order): what a run adds at most after that stage. An ``eot-disagree`` flag is taken at its worst (the
+    most draws)."""
     out: list[tuple[FlagCode, dict[str, Any]]] = []
     seen: set[str] = set()
-    for code in FlagCode:
-        if not could_fire(code, attack, stage=stage, stochastic=stochastic):
+    for code in all_codes():
+        if not could_fire(code, setting):
             continue
-        for s in buildable(rules(code, spec=spec, attack=attack, has_purifier=has_purifier, grad_mode=grad_mode,
-                                 stochastic=stochastic, has_aux=has_aux, has_surrogate=has_surrogate, eot=eot),
-                           attack.eps, attack.norm):
+        for s in rules(code, setting):
             if s["name"] not in seen:
                 seen.add(s["name"])
                 out.append((code, s))

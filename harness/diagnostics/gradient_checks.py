@@ -1,7 +1,7 @@
 """The after-stage checks of the gradients a stage's attack followed: zero or non-finite (``zero-grad``,
 ``nonfinite-grad``, ``ce-vanishing``), a purifier whose exact Jacobian is the identity (``identity-jacobian``), and
 an exact gradient that does not predict the loss's change (``gradient-mispredicts``); registered in
-``harness.diagnostics.after_stage.CHECKS``."""
+``harness.diagnostics.checks.CHECKS`` with the condition under which each can fire (they run only then)."""
 from __future__ import annotations
 
 import torch
@@ -24,8 +24,6 @@ ZERO_GRAD_SHARE = 0.1
 
 def check_gradients(c: Evidence) -> Flag | None:
     """Zero / non-finite input gradients at the failed adversarials; CE-only zeros mean saturated CE."""
-    if not c.uses_gradients:
-        return None
     x, y, xa = c.probe()
     if x.shape[0] == 0:
         return None
@@ -34,8 +32,7 @@ def check_gradients(c: Evidence) -> Flag | None:
     health = gradient_health(g_ce)
     if health["nonfinite_frac"] >= ZERO_GRAD_SHARE:
         return Flag(FlagCode.NONFINITE_GRAD, c.name, f"{health['nonfinite_frac']:.0%} of the failed samples have NaN/inf input "
-                    f"gradients ({c.grad_mode} mode)", "use BPDA or a surrogate gradient through the purifier, or fix "
-                    "the defense's numerics", health["nonfinite_frac"])
+                    f"gradients ({c.grad_mode} mode)", health["nonfinite_frac"])
     if health["zero_frac"] < ZERO_GRAD_SHARE:
         return None
     _, g_m, _ = t.value_and_grad(xa, y, margin)
@@ -43,15 +40,12 @@ def check_gradients(c: Evidence) -> Flag | None:
     if zero_m < ZERO_GRAD_SHARE:
         return Flag(FlagCode.CE_VANISHING, c.name, f"cross-entropy input gradients are zero on {health['zero_frac']:.0%} of the "
                     "failed samples but the margin loss has gradients (saturated softmax, e.g. scaled logits)",
-                    "use a margin or DLR loss (APGD-DLR)", health["zero_frac"])
-    return Flag(FlagCode.ZERO_GRAD, c.name, f"input gradients are zero on {zero_m:.0%} of the failed samples ({c.grad_mode} mode)",
-                "gradients are masked: use BPDA (identity backward) or a surrogate gradient, plus gradient-free attacks",
-                zero_m)
+                    health["zero_frac"])
+    return Flag(FlagCode.ZERO_GRAD, c.name, f"input gradients are zero on {zero_m:.0%} of the failed samples "
+                f"({c.grad_mode} mode)", zero_m)
 
 
 def check_identity_jacobian(c: Evidence) -> Flag | None:
-    if not c.uses_gradients or c.defense.purifier is None or c.grad_mode != "full":
-        return None
     x, _, xa = c.probe(min(CHECKED_FAILURES, c.o.target.batch_size or CHECKED_FAILURES))  # one batch of the run
     if x.shape[0] == 0:
         return None
@@ -63,16 +57,13 @@ def check_identity_jacobian(c: Evidence) -> Flag | None:
     align = jacobian_alignment(c.defense, xa, grad_mode="full", probes=2, seed=0)
     if identity_like(align):
         return Flag(FlagCode.IDENTITY_JACOBIAN, c.name, f"the purifier's exact Jacobian is identity-like (alignment {align:.3f}): "
-                    "the full gradient ignores the purification", "use BPDA+EOT or a surrogate gradient, and attack the "
-                    "purifier's own objective (joint-rec)", align)
+                    "the full gradient ignores the purification", align)
     return None
 
 
 def check_gradient_mispredicts(c: Evidence) -> Flag | None:
     """At the attack's points on a few failed samples: does the exact gradient predict the loss's change? Only for
     gradient attacks in ``full`` mode (BPDA and surrogate gradients differ from the forward pass by design)."""
-    if not c.uses_gradients or c.grad_mode != "full":
-        return None
     _, y, xa = c.probe()
     if xa.shape[0] == 0:
         return None
@@ -83,6 +74,4 @@ def check_gradient_mispredicts(c: Evidence) -> Flag | None:
     judged = agreement[~torch.isnan(agreement)]
     median = float(judged.median())
     return Flag(FlagCode.GRADIENT_MISPREDICTS, c.name, mispredicts_message(median, judged.numel(),
-                f"samples {c.name} failed on"), "make the forward pass the function its gradient differentiates (no "
-                "caches or lookups of earlier answers); a PGD answering its last iterate and gradient-free attacks "
-                "were added", median)
+                f"samples {c.name} failed on"), median)

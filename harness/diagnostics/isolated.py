@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -43,6 +42,7 @@ from torch import Tensor
 from harness.api._seeding import seeded
 from harness.api.defense import DEFENSES, Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
+from harness.api.registry import absolute_spec, spec_file
 from harness.errors import HarnessError, SetupError, one_line
 
 # what the fork server imports before forking: torch and the engine, never a defense's module
@@ -82,10 +82,10 @@ class DefenseRecipe:
     def of(cls, spec: str, options: Mapping[str, Any], device: torch.device, module_mode: str) -> DefenseRecipe | None:
         """The recipe of a defense built by ``create_defense(spec, **options)``, or None when another process could
         not build it the same way (a name registered by the main script or by a file loaded at run time)."""
-        target, sep, attr = spec.rpartition(":")
+        target, sep, _ = spec.rpartition(":")
         imports: tuple[str, ...] = ()
-        if sep and (target.endswith(".py") or "/" in target or "\\" in target):
-            spec = f"{Path(target).expanduser().resolve()}:{attr}"  # the child may not share this process's cwd
+        if spec_file(spec) is not None:
+            spec = absolute_spec(spec)  # the child may not share this process's cwd
         elif target == "__main__":
             return None
         elif not sep:

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from typing import Any, Iterator, Mapping, Sequence
 
-from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec
+from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec, options_for
 from harness.store.rundir import RunStore
 
 
@@ -58,11 +58,8 @@ def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
                 flagged.setdefault(key, by_name.get(str(flag.get("attack"))))
                 taken.add(spec["name"])
     out = [in_rungs_of(AttackSpec.from_dict(spec), flagged[key]) for key, spec in chosen.items()]
-    for key, value in (attack_opts or {}).items():
-        target, _, opt = key.rpartition(".")
-        for s in out:
-            if s.name == target:
-                s.options[opt] = value
+    for s in out:
+        s.options.update(options_for(s.name, attack_opts))
     return out
 
 

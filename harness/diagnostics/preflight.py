@@ -39,11 +39,12 @@ from harness.api._seeding import seeded
 from harness.api._validation import check_deterministic, check_logits, defense_name, output_difference
 from harness.api.defense import Defense
 from harness.api.evaluation import TIED, predictions
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.target import Target
 from harness.api.threat import check_data_in_bounds, project_ball
 from harness.battery.resolve import GradientProbe
-from harness.diagnostics import escalation
+from harness.diagnostics.escalation import escalated
+from harness.diagnostics.evidence import Flag, Setting
 from harness.diagnostics.gradcheck import (
     TAYLOR_STEP,
     carries_signal,
@@ -88,10 +89,13 @@ class Preflight:
                    list(d.get("findings", [])), bool(d.get("stateful", False)))
 
 
-def _finding(code: FlagCode, message: str, remedy: str, value: float = math.nan,
-             escalate: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"code": code.value, "attack": "preflight", "message": message, "remedy": remedy, "value": value,
-            "escalate": list(escalate or []), "shard": 0, "stage": STAGE}
+def _finding(code: FlagCode, message: str, value: float = math.nan, setting: Setting | None = None) -> dict[str, Any]:
+    """A finding in the stored flag format, with the code's remedy and, given the run's ``setting``, the escalations
+    its code adds (``harness.diagnostics.escalation``, the rules every flag goes through)."""
+    flag = Flag(code, "preflight", message, value)
+    if setting is not None:
+        escalated(flag, setting)
+    return StoredFlag(**flag.to_dict(), shard=0, stage=STAGE).to_dict()
 
 
 def offered_modes(defense: Defense) -> tuple[str, ...]:
@@ -169,8 +173,8 @@ def _batch_dependence(defense: Defense, x: Tensor, seed: int) -> float:
     return max(output_difference(whole, alone), output_difference(whole, flipped))
 
 
-def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm: str,
-                        fresh: Callable[[], Defense] | None, remote: Remote | None) -> tuple[float, float]:
+def _history_dependence(defense: Defense, x: Tensor, run: FirstBatch, fresh: Callable[[], Defense] | None,
+                        remote: Remote | None) -> tuple[float, float]:
     """Largest differences, at random points of the inputs' balls, between an instance that first saw the clean
     inputs and a few rounds of other points, and (1) fresh instances in this process, (2) a fresh instance in a new
     process (``remote``: logits at points under a seed), each answer drawn under the same seed (0: none; NaN: not
@@ -178,6 +182,7 @@ def _history_dependence(defense: Defense, x: Tensor, seed: int, eps: float, norm
     on the object shows in (1), state kept outside it (module level, class attributes) only in (2)."""
     if fresh is None:  # the defense cannot be copied: no instance to show other inputs first
         return math.nan, math.nan
+    seed, eps, norm = run.seed, run.eps, run.norm
     seen = copy.deepcopy(defense)
     with torch.no_grad():
         seen.logits(x, "full")
@@ -205,8 +210,7 @@ def _state_finding(in_object: float, in_process: float) -> dict[str, Any] | None
     else:
         return None
     found = _finding(FlagCode.KEEPS_STATE, f"the defense answers a point differently after it has seen other inputs "
-                     f"(max logit difference {diff:.3g}): it keeps state {where.value}", "make the defense a function "
-                     f"of each input; {consequence}", diff)
+                     f"(max logit difference {diff:.3g}): it keeps state {where.value}; {consequence}", diff)
     return {**found, "where": where.name.lower()}
 
 
@@ -229,20 +233,18 @@ def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
     return output_difference(off, on)
 
 
-def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
-                          escalate: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, run: FirstBatch,
+                          setting: Setting) -> list[dict[str, Any]]:
     """The ``gradient-mispredicts`` finding when the exact gradient does not predict the loss's change under small
     steps (:func:`harness.diagnostics.gradcheck.taylor_agreement`); BPDA and surrogate modes, whose gradients differ
     from the forward pass by design, are not judged."""
-    agreement = taylor_agreement(target, x, y, step=TAYLOR_STEP * eps, norm=norm, seed=seed + 2)
+    agreement = taylor_agreement(target, x, y, step=TAYLOR_STEP * run.eps, norm=run.norm, seed=run.seed + 2)
     if not loss_ignores_gradient(agreement):
         return []
     judged = agreement[~torch.isnan(agreement)]
     share = float(judged.median())
-    return [_finding(FlagCode.GRADIENT_MISPREDICTS, mispredicts_message(share, judged.numel(), "first-batch samples"),
-                     "make the forward pass the function its gradient differentiates (no caches or lookups of "
-                     "earlier answers); a PGD answering its last iterate and gradient-free attacks were added", share,
-                     escalate)]
+    return [_finding(FlagCode.GRADIENT_MISPREDICTS, mispredicts_message(share, judged.numel(), "first-batch samples")
+                     + "; a PGD answering its last iterate and gradient-free attacks were added", share, setting)]
 
 
 def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
@@ -264,88 +266,113 @@ def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: f
     return GradientProbe(tuple(live), tuple(dead))
 
 
-def preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
-              module_mode: str | None = None, gradients: bool = True, fresh: Callable[[], Defense] | None = None,
-              threat: str = "lp", remote: RemoteInMode | None = None) -> Preflight:
-    """Every check of the module docstring on the first inputs ``x`` (labels ``y``) of a run; puts the defense in
-    its module mode. ``fresh`` gives instances as they were before any query, ``remote`` the logits ``(points, seed,
-    module mode)`` of one built in a new process (:mod:`harness.diagnostics.isolated`): the state check compares
-    with each given (without ``fresh``, state is left to the verdict). Raises :class:`UsageError` for a defense
-    that cannot be evaluated as declared. ``threat``: the run's kind of threat model (the gradient-free attacks a finding adds are made for it)."""
-    with seeded(seed, x.device):  # the checks' own passes seed themselves; this keeps the rest from leaking
-        return _preflight(defense, x, y, seed=seed, eps=eps, norm=norm, batch_size=batch_size,
-                          module_mode=module_mode, gradients=gradients, fresh=fresh, threat=threat, remote=remote)
+@dataclass(frozen=True)
+class FirstBatch:
+    """What the first-batch checks need of the run: its ``seed``, threat model (``eps``, ``norm``, and ``threat``,
+    its kind: the gradient-free attacks a finding adds are made for it), ``batch_size``, the ``module_mode`` asked
+    for (None: decide), and whether to probe the gradient modes (``gradients``)."""
+    seed: int
+    eps: float
+    norm: str
+    batch_size: int
+    module_mode: str | None = None
+    gradients: bool = True
+    threat: str = "lp"
 
 
-def _preflight(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str, batch_size: int,
-               module_mode: str | None, gradients: bool, fresh: Callable[[], Defense] | None,
-               threat: str = "lp", remote: RemoteInMode | None = None) -> Preflight:
+def preflight(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, *, fresh: Callable[[], Defense] | None = None,
+              remote: RemoteInMode | None = None) -> Preflight:
+    """Every check of the module docstring on the first inputs ``x`` (labels ``y``) of a ``run``; puts the defense
+    in its module mode. ``fresh`` gives instances as they were before any query, ``remote`` the logits ``(points,
+    seed, module mode)`` of one built in a new process (:mod:`harness.diagnostics.isolated`): the state check
+    compares with each given (without ``fresh``, state is left to the verdict). Raises :class:`UsageError` for a
+    defense that cannot be evaluated as declared."""
+    with seeded(run.seed, x.device):  # the checks' own passes seed themselves; this keeps the rest from leaking
+        return _preflight(defense, x, y, run, fresh, remote)
+
+
+def _preflight(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, fresh: Callable[[], Defense] | None,
+               remote: RemoteInMode | None) -> Preflight:
     check_data_in_bounds(x, defense.bounds, who=f"defense {defense_name(defense)}")
     x, y = x[:FIRST_BATCH], y[:FIRST_BATCH]
     if x.shape[0] == 0:
         return Preflight(GradientProbe(offered_modes(defense)))
-    mode = place_modules(defense, x, seed=seed, module_mode=module_mode)
+    mode = place_modules(defense, x, seed=run.seed, module_mode=run.module_mode)
+    copies = None if fresh is None else (lambda: apply_module_mode(fresh(), mode))
+    in_mode = None if remote is None else (lambda points, s: remote(points, s, mode))
+    findings, stateful = _instance_findings(defense, x, run, mode, copies, in_mode)
+    out = _refuse_non_functions(defense, x, run)
+    setting = Setting(None, stochastic=defense.stochastic, threat=run.threat, eps=run.eps, norm=run.norm)
+    diff = _grad_changes_output(defense, x, run.seed)
+    if diff > 0:
+        findings.append(_finding(FlagCode.GRAD_CHANGES_OUTPUT, f"the defense's outputs differ with autograd on and off "
+                                 f"(max logit difference {diff:.3g}): gradient attacks differentiate another function "
+                                 "than the one evaluated; their numbers are upper bounds", diff, setting))
+    ties = int((predictions(out.float()) == TIED).sum())
+    if ties:
+        findings.append(_finding(FlagCode.TIED_LOGITS, f"{ties} of {x.shape[0]} clean first-batch input(s) have a tie "
+                                 "for the top logit (counted as wrong answers)", ties))
+    instance = copies if stateful else None
+    probe, found = _gradient_findings(defense, x, y, run, instance, setting)
+    return Preflight(probe, mode, findings + found, stateful)
+
+
+def _instance_findings(defense: Defense, x: Tensor, run: FirstBatch, mode: str, fresh: Callable[[], Defense] | None,
+                       remote: Remote | None) -> tuple[list[dict[str, Any]], bool]:
+    """The findings about the instance handed over (its module mode, writes into its input, state it keeps, compared
+    with ``fresh`` instances and one in a new process, ``remote``) and whether it keeps state on its object (then
+    every pass runs on a fresh instance)."""
     findings: list[dict[str, Any]] = []
     if mode == "train" and training_modules(defense):
         findings.append(_finding(FlagCode.MODULE_MODE, f"{len(training_modules(defense))} module(s) evaluated in "
-                                 "training mode, as handed over (--module-mode train)", "nothing to do if this is the "
-                                 "model you mean; dropout or batch statistics then make it random or batch-dependent"))
-    written = _writes_input(defense, x, seed)
+                                 "training mode, as handed over (--module-mode train); dropout or batch statistics "
+                                 "then make it random or batch-dependent"))
+    written = _writes_input(defense, x, run.seed)
     if written:
         findings.append(_finding(FlagCode.WRITES_INPUT, f"the {' and the '.join(written)} write(s) into the input "
-                                 "tensor in place", "harmless here (the harness hands the defense copies), but fix it "
-                                 "(out-of-place operations): elsewhere it corrupts the caller's images", len(written)))
-    in_object, in_process = _history_dependence(
-        defense, x, seed, eps, norm, None if fresh is None else lambda: apply_module_mode(fresh(), mode),
-        None if remote is None else lambda points, s: remote(points, s, mode))  # type: ignore[misc]
-    stateful = in_object > 0  # state on the object: copies escape it
+                                 "tensor in place: harmless here (the harness hands the defense copies), but elsewhere "
+                                 "it corrupts the caller's images", len(written)))
+    in_object, in_process = _history_dependence(defense, x, run, fresh, remote)
     state = _state_finding(in_object, in_process)
-    if state is not None:
-        findings.append(state)
-    with torch.no_grad(), seeded(seed, x.device):
+    return findings + ([state] if state is not None else []), in_object > 0
+
+
+def _refuse_non_functions(defense: Defense, x: Tensor, run: FirstBatch) -> Tensor:
+    """The defense's logits at ``x``; refuses a defense whose logits are malformed, that is random though declared
+    deterministic, or whose answer for a sample depends on the rest of its batch (:class:`UsageError`)."""
+    with torch.no_grad(), seeded(run.seed, x.device):
         out = defense.logits(x, "full")
     check_logits(defense, x, out)  # Defense.purify checks the purifier's output
-    check_deterministic(defense, x, seed)
-    if not defense.stochastic and batch_size > 1 and x.shape[0] > 1:
-        diff = _batch_dependence(defense, x, seed)
+    check_deterministic(defense, x, run.seed)
+    if not defense.stochastic and run.batch_size > 1 and x.shape[0] > 1:
+        diff = _batch_dependence(defense, x, run.seed)
         if diff > 0:
             raise UsageError(f"defense {defense_name(defense)}: the output for a sample depends on the other samples in its "
                              f"batch (alone or in another order, max logit difference {diff:.3g}): it uses batch "
                              "statistics, so results would depend on --batch-size; fix the defense (e.g. BatchNorm in "
                              "eval mode), or evaluate each sample alone with --batch-size 1")
-    # the gradient-free attacks a finding adds, made for the run's kind of threat model
-    blackbox = escalation.buildable(escalation.for_threat(escalation.gradient_free(defense.stochastic, norm), threat),
-                                    eps, norm)
-    diff = _grad_changes_output(defense, x, seed)
-    if diff > 0:
-        findings.append(_finding(FlagCode.GRAD_CHANGES_OUTPUT, f"the defense's outputs differ with autograd on and off "
-                                 f"(max logit difference {diff:.3g}): gradient attacks differentiate another function "
-                                 "than the one evaluated", "make the forward pass independent of torch.is_grad_enabled(); "
-                                 "the gradient attacks' numbers are upper bounds, gradient-free attacks were added", diff,
-                                 blackbox))
-    ties = int((predictions(out.float()) == TIED).sum())
-    if ties:
-        findings.append(_finding(FlagCode.TIED_LOGITS, f"{ties} of {x.shape[0]} clean first-batch input(s) have a tie "
-                                 "for the top logit (counted as wrong answers)", "return logits with a single top class; "
-                                 "a tie is never a correct answer", ties))
+    return out
+
+
+def _gradient_findings(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, instance: Callable[[], Defense] | None,
+                       setting: Setting) -> tuple[GradientProbe, list[dict[str, Any]]]:
+    """The gradient modes that reach the input and the findings about them (dead modes, none live, an exact
+    gradient that mispredicts the loss), each with the escalations its code adds in ``setting``; ``instance``: a
+    fresh instance per pass (a defense that keeps state)."""
     offered = offered_modes(defense)
-    instance = (lambda: apply_module_mode(fresh(), mode)) if stateful and fresh is not None else None
-    probe = (probe_gradients(defense, x, y, seed=seed, eps=eps, norm=norm, fresh=instance) if gradients
+    probe = (probe_gradients(defense, x, y, seed=run.seed, eps=run.eps, norm=run.norm, fresh=instance) if run.gradients
              else GradientProbe(offered))
+    findings = []
     if probe.dead:
         modes = ", ".join(m for m, _ in probe.dead)
         instead = f"gradient attacks run in {probe.live[0]} mode instead" if probe.live else "no gradient mode is live"
         findings.append(_finding(FlagCode.DEAD_GRADIENT_MODE, f"{modes}-mode gradients do not reach the input "
-                                 f"({probe.dead[0][1]}); {instead}", "nothing to do: the harness moved the attacks "
-                                 "and added gradient-free ones", float(len(probe.dead)), blackbox))
-    if gradients and "full" in probe.live:
-        follow = escalation.buildable(escalation.for_threat(escalation.follow_gradient(defense.stochastic, norm),
-                                                            threat), eps, norm)
-        findings += _gradient_mispredicts(Target(defense, "full", fresh=instance), x, y, seed=seed,  # type: ignore[arg-type]
-                                          eps=eps, norm=norm, escalate=follow)
+                                 f"({probe.dead[0][1]}); {instead}, and gradient-free attacks were added",
+                                 float(len(probe.dead)), setting))
+    if run.gradients and "full" in probe.live:
+        findings += _gradient_mispredicts(Target(defense, "full", fresh=instance), x, y,  # type: ignore[arg-type]
+                                          run, setting)
     if not probe.live:
         findings.append(_finding(FlagCode.NO_GRADIENT, f"no gradient mode ({', '.join(offered)}) reaches the input: "
-                                 "gradient attacks are not started; only gradient-free attacks run",
-                                 "give the defense a differentiable surrogate (Defense(surrogate=...)) for stronger "
-                                 "attacks; the numbers rest on gradient-free attacks", 1.0, blackbox))
-    return Preflight(probe, mode, findings, stateful)
+                                 "gradient attacks are not started; only gradient-free attacks run", 1.0, setting))
+    return probe, findings

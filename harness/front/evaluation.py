@@ -59,9 +59,7 @@ def _config(defense: Defense | nn.Module | str, attacks: str | None, config: Run
                          f"(registered name, file.py:factory, module:factory), got {type(defense).__name__}")
     if obj is not None and values.get("defense_opts"):
         raise UsageError("defense_opts are options of a defense built from its name; this defense is already built")
-    cfg = merge(config or RunConfig(), values, FrontEnd.API)
-    if attacks is not None or options.get("attack_opts"):
-        cfg.battery = []  # resolved from the attacks named now, not from a battery in the base config
+    cfg = merge(config or RunConfig(), values, FrontEnd.API)  # attacks named now drop the base's resolved battery
     return cfg, obj
 
 

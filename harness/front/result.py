@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from harness.api.flags import DOCS, EXPLANATIONS, FlagCode
+from harness.api.flags import DOCS, FlagCode
 from harness.api.frontend import FrontEnd
 from harness.errors import UsageError
 from harness.reports import RunData, Settings, Table, build_table, load_run, render_table
@@ -23,6 +23,7 @@ from harness.reports.compare import RunComparison, compare_runs
 from harness.reports.description import RunDescription
 from harness.reports.outcomes import WORST
 from harness.reports.table import Cell
+from harness.stats.criteria import DEFAULT_REPORT_CRITERION
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -45,7 +46,7 @@ class FlagNote:
         return f"{DOCS}#{self.code.value}"
 
     def __str__(self) -> str:
-        return f"{', '.join(self.attacks)}: {EXPLANATIONS[self.code].line(self.code)}"
+        return f"{', '.join(self.attacks)}: {self.code.explanation.line(self.code)}"
 
 
 class Result:
@@ -53,7 +54,7 @@ class Result:
     so); ``criterion``, ``confidence``, ``seed`` and ``n_resamples`` are the report settings (``harness report``'s
     options of the same names)."""
 
-    def __init__(self, run_dir: str | Path, *, partial: bool = False, criterion: str = "all",
+    def __init__(self, run_dir: str | Path, *, partial: bool = False, criterion: str = DEFAULT_REPORT_CRITERION,
                  confidence: float = 0.95, seed: int = 0, n_resamples: int = 10_000) -> None:
         self.run_dir = Path(run_dir)
         self.settings = Settings(criterion=criterion, confidence=confidence, seed=seed, n_resamples=n_resamples)
@@ -128,7 +129,7 @@ class Result:
         for name, cell in self.cells.items():
             for code in cell.flags:
                 columns.setdefault(FlagCode(code), []).append(name)
-        return [FlagNote(code, tuple(names), EXPLANATIONS[code].meaning, EXPLANATIONS[code].remedy)
+        return [FlagNote(code, tuple(names), code.explanation.meaning, code.remedy)
                 for code, names in columns.items()]
 
     def table(self, fmt: str = "markdown", *, columns: list[str] | None = None) -> str:

@@ -18,9 +18,10 @@ from harness.api.defense import Defense
 from harness.battery.resolve import check_battery, describe
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
-from harness.diagnostics.preflight import Preflight, apply_module_mode, preflight
+from harness.diagnostics.preflight import FirstBatch, Preflight, apply_module_mode, preflight
 from harness.run._acceleration import accelerate, resolve_device
 from harness.run._memory import Batching
+from harness.run.plan import RunContext
 from harness.run.verdict import Verifier, verifier_for
 from harness.sources.datasets import TestSet
 
@@ -34,6 +35,11 @@ class Placed:
     device: torch.device
     preflight: Preflight
     verifier: Verifier
+
+    def context(self, config: RunConfig) -> RunContext:
+        """The run's context for its resolved ``config``: this defense, device, probe, verifier and fresh instances."""
+        return RunContext.build(config, self.defense, self.device, probe=self.preflight.probe, verifier=self.verifier,
+                                stateful=self.preflight.stateful)
 
 
 def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int],
@@ -58,9 +64,9 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
         instance = defense if not checked or fresh is None else fresh()  # a retry: the defense as handed over
         checked[:] = [instance.to(device)]
         x, y = data.get(indices[:batching.size], device)
-        return preflight(checked[0], x, y, seed=cfg.seed, eps=cfg.eps, norm=cfg.norm, batch_size=batching.size,
-                         module_mode=cfg.module_mode, gradients=cfg.probe_gradients, fresh=fresh, threat=cfg.threat,
-                         remote=None if recipe is None else remote)
+        return preflight(checked[0], x, y, FirstBatch(cfg.seed, cfg.eps, cfg.norm, batching.size, cfg.module_mode,
+                                                      cfg.probe_gradients, cfg.threat),
+                         fresh=fresh, remote=None if recipe is None else remote)
 
     pf = batching.run(checks, "the first-batch checks")
     defense = checked[0]
@@ -68,9 +74,7 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
         log.warning("preflight: %s: %s", finding["code"], finding["message"])
     placed = _ready(cfg, defense, pristine, device, pf, recipe)
     log.info("verdict from %s", placed.verifier.kind.value)
-    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps,
-                                        norm=cfg.norm, run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast,
-                                        probe=pf.probe, threat=cfg.threat):
+    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, cfg, pf.probe):
         log.info("%s", describe(name, resolved))
     return placed
 

@@ -21,11 +21,11 @@ from harness.api._seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERI
 from harness.api.attack import Attack, AttackResult
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
+from harness.api.precision import Autocast
 from harness.api.target import Target, Witnesses
 from harness.api.threat import Threat, check_data_in_bounds
-from harness.battery.resolve import GradientProbe, Resolved, resolve
 from harness.battery.spec import AttackSpec
-from harness.errors import UsageError
+from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement, Verifier, combine, reanchor
 
 
@@ -51,19 +51,6 @@ def merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:
                         cat([p.loss for p in parts]), cat([p.margin for p in parts]), extras)
 
 
-def stage_threat(attack: Attack, defense: Defense, threat: Threat | None) -> Threat:
-    """The threat model a stage enforces: the run's (built from its config, ``harness.api.threatspec``), or without
-    one (a stage run on its own) the set the attack's options describe. An attack that does not optimize in the
-    run's kind of threat model is refused."""
-    if threat is None:
-        return attack.threat_model(defense.bounds)
-    if threat.kind not in attack.capabilities.threats:
-        raise UsageError(f"attack {attack.name!r} optimizes in {' or '.join(attack.capabilities.threats)} threat models, "
-                         f"not {threat.kind}; under --threat {threat.kind} use an attack made for it "
-                         "(docs/threat-models.md)")
-    return threat
-
-
 def verified(verifier: Verifier | None, ev: Evaluation, x: Tensor, y: Tensor, *, repeats: int, seed: int,
               batch_size: int, stochastic: bool) -> tuple[Evaluation, Agreement | None]:
     """The recorded evaluation: ``ev`` combined with a fresh-instance evaluation of ``x`` (``harness.run.verdict``),
@@ -79,31 +66,46 @@ PART_STRIDE = 1 << 20  # a stage's later parts (rungs, a probe's extension) seed
 
 @dataclass
 class StageSetup:
-    """What the attack calls and evaluations of one stage share: the resolved gradient mode and EOT, the threat
-    model the harness enforces, the target (whose budget counts every pass), the attempted rows of the shard
-    (``idx``) with their inputs, the witnesses of non-finite outputs, and where every seed comes from."""
-    stage: int
-    spec: AttackSpec
-    attack: Attack
-    defense: Defense
-    resolved: Resolved
-    threat: Threat
+    """What the attack calls and evaluations of one stage on one shard share: the run's context, the stage's plan,
+    the shard's batch, the target (whose budget counts every pass), the attempted rows of the shard (``idx``) with
+    their inputs and clean anchors, the witnesses of non-finite outputs, and where every seed comes from."""
+    context: RunContext
+    plan: StagePlan
+    batch: ShardBatch
     target: Target
     idx: Tensor
     xa: Tensor
     ya: Tensor
     witnesses: Witnesses
-    run_seed: int
-    shard: int
-    repeats: int
-    batch_size: int
-    autocast: str
-    verifier: Verifier | None
     anchors: Tensor | None
+
+    @property
+    def stage(self) -> int:
+        return self.plan.stage
+
+    @property
+    def spec(self) -> AttackSpec:
+        return self.plan.spec
+
+    @property
+    def attack(self) -> Attack:
+        return self.plan.attack
+
+    @property
+    def defense(self) -> Defense:
+        return self.context.defense
+
+    @property
+    def threat(self) -> Threat:
+        return self.plan.threat
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch.batch_size
 
     def seed(self, purpose: int, part: int = 0, chunk: int = 0) -> int:
         """The seed of ``purpose`` for chunk ``chunk`` of part ``part`` (0: the stage itself, as ever)."""
-        return derive_seed(self.run_seed, self.shard, self.stage, purpose, PART_STRIDE * part + chunk)
+        return derive_seed(self.context.seed, self.batch.shard, self.stage, purpose, PART_STRIDE * part + chunk)
 
 
 @dataclass
@@ -117,25 +119,19 @@ class Judged:
     agreement: Agreement | None = None
 
 
-def setup_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x: Tensor, y: Tensor,
-                robust_before: Tensor, *, grad: str | None, eot: int | None, repeats: int, run_seed: int, shard: int,
-                batch_size: int, autocast: str = "none", probe: GradientProbe | None = None,
-                verifier: Verifier | None = None, anchors: Tensor | None = None,
-                fresh: Callable[[], Defense] | None = None, threat: Threat | None = None) -> StageSetup:
-    """Resolve and fix everything a stage's attack calls need (:func:`run_stage` documents the arguments)."""
-    resolved = resolve(spec, attack, stochastic=defense.stochastic, run_grad=grad, run_eot=eot, autocast=autocast,
-                       probe=probe)
-    if resolved.skip:
-        raise ValueError(f"attack {spec.name!r} must not start: {resolved.skip}")
-    threat = stage_threat(attack, defense, threat)  # fixed before the attack runs
-    target = Target(defense, resolved.target_grad, resolved.eot, fresh=fresh, threat=threat,  # type: ignore[arg-type]
-                    batch_size=batch_size)
-    check_data_in_bounds(x, defense.bounds, who=f"defense {defense.name!r}")
+def setup_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_before: Tensor) -> StageSetup:
+    """Fix everything the attack calls of stage ``plan`` on the ``robust_before`` rows of ``batch`` need."""
+    if plan.skip:
+        raise ValueError(f"attack {plan.name!r} must not start: {plan.skip}")
+    defense = context.defense
+    target = Target(defense, plan.resolved.target_grad, plan.resolved.eot,  # type: ignore[arg-type]
+                    fresh=context.fresh, threat=plan.threat, batch_size=batch.batch_size)
+    check_data_in_bounds(batch.x, defense.bounds, who=f"defense {defense.name!r}")
     idx = robust_before.nonzero().squeeze(1)
-    xa, ya = x[idx], y[idx]
-    witnesses = target.watch(xa, threat)
-    return StageSetup(stage, spec, attack, defense, resolved, threat, target, idx, xa, ya, witnesses, run_seed, shard,
-                      repeats, batch_size, autocast, verifier, None if anchors is None else anchors[idx])
+    xa, ya = batch.x[idx], batch.y[idx]
+    witnesses = target.watch(xa, plan.threat)
+    return StageSetup(context, plan, batch, target, idx, xa, ya, witnesses,
+                      None if batch.anchors is None else batch.anchors[idx])
 
 
 def attack_chunks(s: StageSetup, rows: Tensor, call: Callable[[Tensor, Tensor, Tensor, int], AttackResult],
@@ -148,7 +144,7 @@ def attack_chunks(s: StageSetup, rows: Tensor, call: Callable[[Tensor, Tensor, T
         r = rows[start:start + s.batch_size]
         xc, yc = s.xa[r], s.ya[r]
         s.target.eot_chunk = max(1, s.batch_size // max(1, xc.shape[0]))
-        with seeded(s.seed(SEED_DEFENSE, part, c), xc.device), _autocast(s.autocast, xc.device):
+        with seeded(s.seed(SEED_DEFENSE, part, c), xc.device), _autocast(s.context.config.autocast, xc.device):
             parts.append(call(r, xc.clone(), yc.clone(), s.seed(SEED_ATTACK, part, c)))
         sizes.append(xc.shape[0])
     return merge_results(parts, sizes) if parts else s.attack(s.target, s.xa[rows], s.ya[rows], seed=0)
@@ -173,29 +169,29 @@ def judge(s: StageSetup, rows: Tensor, answer: Tensor, part: int = 0) -> Judged:
         x_adv, moved = reanchor(anchors, x_adv, s.threat)
         found, projected = reanchor(anchors, found, s.threat)[0], projected | moved
     ya = s.ya[rows]
-    ev = evaluate(s.defense, x_adv, ya, s.repeats, s.seed(SEED_EVAL, part), s.batch_size)
-    x_adv, ev = _use_witnesses(s.defense, x_adv, ya, ev, s.witnesses.has[rows] & (ev.correct_frac > 0), found,
-                               s.repeats, s.seed(SEED_EVAL, part, 1), s.batch_size)
+    ev = evaluate(s.defense, x_adv, ya, s.context.repeats, s.seed(SEED_EVAL, part), s.batch_size)
+    x_adv, ev = _use_witnesses(s, (x_adv, ya), ev, s.witnesses.has[rows] & (ev.correct_frac > 0), found, part)
     return Judged(x_adv, ev, projected, violation)
 
 
 def verify(s: StageSetup, rows: Tensor, judged: Judged, part: int = 0) -> Judged:
     """``judged`` with its recorded evaluation from fresh instances (``harness.run.verdict``)."""
-    ev, agreement = verified(s.verifier, judged.ev, judged.x_adv, s.ya[rows], repeats=s.repeats,
+    ev, agreement = verified(s.context.verifier, judged.ev, judged.x_adv, s.ya[rows], repeats=s.context.repeats,
                               batch_size=s.batch_size, seed=s.seed(SEED_VERIFY, part),
                               stochastic=s.defense.stochastic)
     return dataclasses.replace(judged, ev=ev, agreement=agreement)
 
 
-def _use_witnesses(defense: Defense, x_adv: Tensor, y: Tensor, ev: Evaluation, candidates: Tensor, found: Tensor,
-                   repeats: int, seed: int, batch_size: int) -> tuple[Tensor, Evaluation]:
-    """For ``candidates`` (some draw correct at the attack's answer, and a witness of a non-finite output inside
+def _use_witnesses(s: StageSetup, answers: tuple[Tensor, Tensor], ev: Evaluation, candidates: Tensor, found: Tensor,
+                   part: int) -> tuple[Tensor, Evaluation]:
+    """For ``candidates`` among ``answers`` (the evaluated points and their labels) (some draw correct at the attack's answer, and a witness of a non-finite output inside
     the ball), evaluate the witness; where fewer of its draws are correct (so it is no more robust under any
     criterion) it replaces the answer, evaluation included."""
     rows = candidates.nonzero().squeeze(1)
+    x_adv, y = answers
     if rows.numel() == 0:
         return x_adv, ev
-    ev_w = evaluate(defense, found[rows], y[rows], repeats, seed, batch_size)
+    ev_w = evaluate(s.defense, found[rows], y[rows], s.context.repeats, s.seed(SEED_EVAL, part, 1), s.batch_size)
     take = ev_w.correct_frac < ev.correct_frac[rows]
     rows, sub = rows[take], take.nonzero().squeeze(1)
     if rows.numel() == 0:
@@ -213,8 +209,7 @@ def _use_witnesses(defense: Defense, x_adv: Tensor, y: Tensor, ev: Evaluation, c
 
 
 def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if mode in (None, "none"):
+    dtype = Autocast.parse(mode).dtype
+    if dtype is None:
         return contextlib.nullcontext()
-    if mode == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise ValueError(f"unknown autocast mode {mode!r}; accepted: none, bf16")
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))

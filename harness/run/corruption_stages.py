@@ -29,7 +29,9 @@ from harness.diagnostics import after_stage as diagnostics
 from harness.errors import DataError, UsageError
 from harness.progress import get_logger, shard_text
 from harness.run._acceleration import as_input
+from harness.run.host import ShardHost, frame
 from harness.run.phases import Phase, PhaseKind
+from harness.run.plan import ShardBatch
 from harness.run.stage import clean_stage
 from harness.sources.corruptions import CorruptionCache, cell_name, cells, resolve_choice
 from harness.sources.datasets import DataSource, TestSet
@@ -49,24 +51,25 @@ _NOT_APPLICABLE: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("save_adversarials", "--save-adversarials", bool), ("autocast", "--autocast", lambda v: v != "none"))
 
 
-def check_config(cfg: RunConfig) -> None:
-    """Refuse options that do not fit the threat model (one line each) and, for a corruptions run, resolve the
-    corruptions and severities (default all) and turn off what only attacks use (escalation, the gradient probe)."""
+def check_config(cfg: RunConfig) -> dict[str, Any]:
+    """Refuse options that do not fit the threat model (one line each); for a corruptions run, the config fields
+    it resolves: the corruptions and severities (default all), and off what only attacks use (escalation, the
+    gradient probe)."""
     if cfg.threat != THREAT:
         given = [flag for flag, v in (("--corruptions", cfg.corruptions), ("--severities", cfg.severities))
                  if v is not None]
         if given:
             raise UsageError(f"{' and '.join(given)} choose the images of --threat corruptions; this run has "
                              f"--threat {cfg.threat} (add --threat corruptions, or drop them)")
-        return
+        return {}
     given = [flag for name, flag, is_given in _NOT_APPLICABLE if is_given(getattr(cfg, name))]
     if given:
         raise UsageError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --threat corruptions: "
                          "it evaluates fixed corrupted images and runs no attack; drop "
                          f"{'it' if len(given) == 1 else 'them'} (accepted: --corruptions, --severities, "
                          "--eval-repeats)")
-    cfg.corruptions, cfg.severities = resolve_choice(cfg.corruptions, cfg.severities)
-    cfg.escalate, cfg.probe_gradients = False, False
+    corruptions, severities = resolve_choice(cfg.corruptions, cfg.severities)
+    return {"corruptions": corruptions, "severities": severities, "escalate": False, "probe_gradients": False}
 
 
 @dataclass
@@ -123,46 +126,46 @@ def prepare_images(cfg: RunConfig, data: DataSource, plan: Plan) -> Corrupted:
     return Corrupted(cache, chosen, digests, hashlib.sha256(blob.encode()).hexdigest())
 
 
-def steps(ctx: Any, phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
+def steps(host: ShardHost, corrupted: Corrupted,
+          phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
     """:meth:`harness.run.shards.RunShards.steps` of a corruptions run: every stage in one phase, no escalation."""
-    corrupted: Corrupted = ctx.corrupted
     if phase.kind is not PhaseKind.ATTACKS:
         return [], lambda s: True, lambda s, idx: []
     names = [cell_name(c, s) for c, s in corrupted.cells]
-    return names, lambda s: ctx.store.shard_stages(s) is not None, lambda s, idx: run_shard(ctx, s, idx)
+    return (names, lambda s: host.store.shard_stages(s) is not None,
+            lambda s, idx: run_shard(host, corrupted, s, idx))
 
 
-def run_shard(ctx: Any, shard: int, indices: list[int]) -> list[dict[str, Any]]:
+def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[int]) -> list[dict[str, Any]]:
     """The clean stage and every corruption stage of one shard, written as one shard (caller holds its lock)."""
-    cfg, defense, device, corrupted = ctx.cfg, ctx.defense, ctx.device, ctx.corrupted
-    clean, y = ctx.data.get(indices, device)
-    anchors = ctx.data.get(indices, device)[0]  # re-read: what the fresh instances evaluate
-    cols, ev, agreement = clean_stage(defense, as_input(clean.clone(), cfg.channels_last), y, repeats=cfg.eval_repeats,
-                                      run_seed=cfg.seed, shard=shard, batch_size=ctx.batching.size,
-                                      verifier=ctx.verifier, anchors=anchors)
-    frames = [ctx._frame(cols, indices, y, shard, 0, "clean")]
+    context = host.context
+    defense, device, channels_last = context.defense, context.device, context.config.channels_last
+    clean, y = host.data.get(indices, device)
+    anchors = host.data.get(indices, device)[0]  # re-read: what the fresh instances evaluate
+    cols, ev, agreement = clean_stage(context, ShardBatch(shard, as_input(clean.clone(), channels_last), y,
+                                                          host.batching.size, anchors))
+    frames = [frame(cols, indices, y, shard, 0, "clean")]
     side: dict[str, Any] = {"stages": ["clean"], "attacks": {}, "diagnostics": diagnostics.clean_flags(
         ev, agreement, shard=shard, stochastic=defense.stochastic)}
     summary = []
     for stage, (corruption, severity) in enumerate(corrupted.cells, start=1):
         name, n = cell_name(corruption, severity), len(indices)
-        ctx.progress.stage_start(shard=shard, n_shards=ctx.n_shards, stage=name, attempted=n)
+        host.progress.stage_start(shard=shard, n_shards=host.n_shards, stage=name, attempted=n)
         t0 = time.monotonic()
         images = torch.from_numpy(corrupted.read(corruption, severity, indices, shard))
         fresh = images.permute(0, 3, 1, 2).float().div_(255).to(device)  # the images as read from the cache
-        cols, ev, agreement = clean_stage(defense, as_input(fresh.clone(), cfg.channels_last), y,
-                                          repeats=cfg.eval_repeats, run_seed=cfg.seed, shard=shard,
-                                          batch_size=ctx.batching.size, verifier=ctx.verifier, anchors=fresh, stage=stage)
+        batch = ShardBatch(shard, as_input(fresh.clone(), channels_last), y, host.batching.size, fresh)
+        cols, ev, agreement = clean_stage(context, batch, stage=stage)
         linf, l2 = perturbation_norms(clean, fresh)
         cols.update(linf=linf.double().cpu().numpy(), l2=l2.double().cpu().numpy(), norm=NORM, threat=THREAT)
-        frames.append(ctx._frame(cols, indices, y, shard, stage, name))
+        frames.append(frame(cols, indices, y, shard, stage, name))
         robust = int(ev.correct_all.sum())
         side["stages"].append(name)
         side["attacks"][name] = {"attempted": n, "robust_after": robust}
         side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=shard, stochastic=defense.stochastic,
                                                            name=name, stage=stage))
-        ctx.bar(name).update(n)
+        host.bar(name).update(n)
         summary.append(dict(stage=name, attempted=n, robust=robust, seconds=time.monotonic() - t0, checks=0.0))
-        ctx.stage_done(shard=shard, n_shards=ctx.n_shards, size=n, **summary[-1])
-    ctx.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, None)
+        host.stage_done(shard=shard, n_shards=host.n_shards, size=n, **summary[-1])
+    host.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, None)
     return summary

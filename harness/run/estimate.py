@@ -40,16 +40,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
-from harness.battery.resolve import GradientProbe
-from harness.battery.spec import AttackSpec
+from harness.battery.spec import AttackSpec, options_for
 from harness.diagnostics import escalation
 from harness.diagnostics.merge import collect_escalations
 from harness.run.fullcost import Calibration, FullCost
 from harness.run.phases import ATTACKS, ESCALATION
+from harness.run.plan import RunContext
 from harness.run.shards import RunShards
-from harness.run.verdict import Verifier
 from harness.sources.datasets import DataSource
 from harness.store.rundir import RunStore
 
@@ -181,25 +179,25 @@ def duration(seconds: float) -> str:
     return f"{s}s"
 
 
-def estimate(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int], device: torch.device, *,
-             samples: int | None = None, probe: GradientProbe | None = None, findings: Sequence[dict[str, Any]] = (),
-             verifier: Verifier | None = None, stateful: bool = False,
-             clock: Callable[[], float] | None = None) -> Estimate:
+def estimate(context: RunContext, data: DataSource, indices: list[int], *, samples: int | None = None,
+             findings: Sequence[dict[str, Any]] = (), clock: Callable[[], float] | None = None) -> Estimate:
     """Price every stage at its whole budget (:mod:`harness.run.fullcost`), compute the first ``samples`` of
     ``indices`` (default: :func:`calibration_samples`, fewer when that could take more than
     ``CALIBRATION_SECONDS``) as the run's first shard, escalations included, and scale to ``len(indices)``.
-    ``cfg``: resolved by ``harness.run.runner.prepare``; ``probe``, ``findings``, ``verifier``, ``stateful``: the
-    first-batch checks' (``harness.run._placement``); ``clock``: what times everything [``time.perf_counter``]."""
+    ``context``: the run's, with the first-batch checks' probe, verifier and fresh instances
+    (:class:`harness.run.plan.RunContext`); ``findings``: the first-batch checks' flags; ``clock``: what times
+    everything [``time.perf_counter``]."""
     clock = clock or time.perf_counter
-    start, n = clock(), len(indices)
+    start, n, cfg = clock(), len(indices), context.config
     k = calibration_samples(n, samples)
-    calib = dataclasses.replace(cfg, quiet=True, save_adversarials=False, escalations=[])
-    base = [AttackSpec.from_dict(s) for s in cfg.battery]
+    calib = dataclasses.replace(context, config=dataclasses.replace(cfg, quiet=True, save_adversarials=False,
+                                                                    escalations=[]))
+    base = context.battery
     with tempfile.TemporaryDirectory(prefix="harness-estimate-") as tmp:
         store = RunStore(tmp)
         # a probed stage timed on every survivor: its cost when its probe is extended
-        ctx = RunShards(calib, defense, data, store, device, k, 1, probe=probe, verifier=verifier, stateful=stateful,
-                        defer_probes=False, clock=clock)
+        ctx = RunShards(calib, data, store, 1, n=k, defer_probes=False)
+        ctx.clock = clock
         try:
             cal = Calibration(ctx, indices[:k], clock)
             full = {spec.name: cal.full_cost(stage, spec) for stage, spec in enumerate(base, start=1)}
@@ -212,7 +210,7 @@ def estimate(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[i
             side = store.read_side(0)
             left = int(side["attacks"][base[-1].name]["robust_after"]) if base else k  # after the battery
             fired = collect_escalations(store, 1, base, findings, cfg.attack_opts) if cfg.escalate else []
-            calib.escalations = [e.to_dict() for e in fired]
+            ctx.escalate(fired)
             full.update({e.name: cal.full_cost(stage, e) for stage, e in enumerate(fired, start=len(base) + 1)})
             esc_worst = left * sum(c.seconds for e in fired if (c := full[e.name]) is not None)
             run_fired = bool(fired) and (samples is not None or esc_worst <= CALIBRATION_SECONDS)
@@ -292,23 +290,22 @@ def _reasons(flags: Sequence[dict[str, Any]], n_base: int) -> dict[str, list[str
 def _possible(cal: Calibration, base: list[AttackSpec], taken: set[str], survivors: float) -> list[StageCost]:
     """The escalations a flag after some battery stage could add that did not fire on the calibration batch, each
     priced at its whole budget (:meth:`Calibration.full_cost`: a few iterations timed, the rest extrapolated)."""
-    cfg, defense = cal.ctx.cfg, cal.ctx.defense
+    cfg, defense = cal.ctx.context.config, cal.ctx.context.defense
     has_aux = _has_aux(defense, cal.x[:1])
     out: list[StageCost] = []
     for stage, spec in enumerate(base, start=1):
-        attack, resolved = cal.resolved(spec)
+        plan = cal.ctx.context.plan(stage, spec)
+        attack, resolved = plan.attack, plan.resolved
         if resolved.skip:
             continue
-        for code, entry in escalation.possible(spec, attack, stage=stage, has_purifier=defense.purifier is not None,
-                                               grad_mode=str(resolved.target_grad), stochastic=defense.stochastic,
-                                               has_aux=has_aux, has_surrogate=defense.has_surrogate,
-                                               eot=int(resolved.eot)):
+        for code, entry in escalation.possible(escalation.Setting.of(
+                attack, spec, stage=stage, has_purifier=defense.purifier is not None, grad_mode=str(resolved.target_grad),
+                stochastic=defense.stochastic, has_aux=has_aux, has_surrogate=defense.has_surrogate, eot=int(resolved.eot),
+                threat=plan.threat.kind)):
             if entry["name"] in taken:
                 continue
             taken.add(entry["name"])
-            for key, value in (cfg.attack_opts or {}).items():  # esc-NAME.KEY, as the run applies them
-                if key.rpartition(".")[0] == entry["name"]:
-                    entry["options"][key.rpartition(".")[2]] = value
+            entry["options"].update(options_for(entry["name"], cfg.attack_opts))  # esc-NAME.KEY, as the run does
             esc = AttackSpec.from_dict(entry)
             price = cal.full_cost(len(base) + 1, esc)
             if price is not None:

@@ -19,11 +19,11 @@ import json
 import logging
 import os
 import platform
-from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from harness.api.config import RunConfig
 from harness.api.defense import create_defense
+from harness.api.registry import absolute_spec
 from harness.diagnostics.preflight import Preflight
 from harness.errors import HarnessError, SetupError, UsageError
 from harness.progress import progress_bar, shard_text
@@ -36,6 +36,7 @@ from harness.run.shards import RunShards
 from harness.sources.datasets import resolve_root
 from harness.store import fingerprint
 from harness.store.rundir import RunStore, load_provenance
+from harness.store.shards import ShardJob, take
 
 RAY_MISSING = "--executor ray needs Ray: pip install 'robustness-harness[ray]'"
 MAX_RETRIES = 3  # Ray reruns a task whose worker died (killed, out of memory, node lost) up to this many times
@@ -122,8 +123,9 @@ class RayExecutor:
         names, done, _ = ctx.steps(phase)
         todo = [s for s in which if not done(s)]
         total, skipped = sum(len(shards[s]) for s in which), sum(len(shards[s]) for s in which if s not in todo)
-        if todo and ctx.cfg.device.startswith("cuda") and not self.options["num_gpus"]:
-            raise UsageError(f"--device {ctx.cfg.device} with --executor ray needs --gpus-per-task (Ray gives GPUs to "
+        device = ctx.context.config.device
+        if todo and device.startswith("cuda") and not self.options["num_gpus"]:
+            raise UsageError(f"--device {device} with --executor ray needs --gpus-per-task (Ray gives GPUs to "
                              "tasks); or use --device auto, which runs tasks without GPUs on the CPU")
         if todo:
             self._start()  # before the clock of the progress estimate starts
@@ -198,11 +200,11 @@ def _loopback() -> Iterator[None]:
 
 
 def job_spec(ctx: RunShards, n_shards: int) -> dict[str, Any]:
-    """What a task needs to rebuild the run: the resolved config with absolute paths, and the run directory."""
-    cfg = ctx.cfg.to_dict()
-    target, sep, attr = cfg["defense"].rpartition(":")
-    if sep and (target.endswith(".py") or "/" in target or "\\" in target):  # a file.py:factory spec
-        cfg["defense"] = f"{Path(target).expanduser().resolve()}:{attr}"
+    """What a task needs: the run's resolved config (its battery, criterion, repeats and escalations as the driver
+    resolved them; paths made absolute) and the run directory. A worker builds its defense from the config and its
+    context from the driver's first-batch checks, stored in provenance; it resolves nothing again."""
+    cfg = ctx.context.config.to_dict()
+    cfg["defense"] = absolute_spec(cfg["defense"])  # a file.py:factory spec: its file, absolute
     cfg.update(quiet=True, data_root=str(resolve_root(cfg["data_root"]).resolve()))
     return {"config": cfg, "run_dir": str(ctx.store.dir.resolve()), "n_shards": n_shards}
 
@@ -211,8 +213,9 @@ _BUILT: dict[str, tuple[Any, Any]] = {}  # per worker process: the last run's pl
 
 
 def compute_shard(job: dict[str, Any], phase: Phase, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
-    """The Ray task: compute ``phase`` of one shard and write it into the run directory under the shard's lock;
-    returns the per-stage counts of :meth:`~harness.run.shards.RunShards.run_shard`, or None when it was done already."""
+    """The Ray task: compute ``phase`` of one shard and write it into the run directory, by the shard protocol
+    (:func:`harness.store.shards.take`, waiting for a lock another process holds); returns the per-stage counts,
+    or None when the shard was done already."""
     import ray
     import torch
 
@@ -222,12 +225,11 @@ def compute_shard(job: dict[str, Any], phase: Phase, shard: int, indices: list[i
     store = RunStore(job["run_dir"])  # the batch size where the run is now (harness.run._memory)
     batching = Batching(resumed_size(load_provenance(store.dir).get("batch_sizes"), cfg.batch_size))
     batching.attach(store.record_batch_size)
-    ctx = RunShards(cfg, placed.defense, data, store, placed.device, len(indices), job["n_shards"],
-                   probe=placed.preflight.probe, verifier=placed.verifier, stateful=placed.preflight.stateful,
-                   batching=batching)
+    ctx = RunShards(placed.context(cfg), data, store, job["n_shards"], n=len(indices), batching=batching)
     _, done, work = ctx.steps(phase)
-    with ctx.store.shard_lock(shard, blocking=True):  # another process may hold it: wait, then skip if done
-        return None if done(shard) else work(shard, indices)
+    out: list[list[dict[str, Any]]] = []
+    take(store, shard, indices, ShardJob(done, lambda s, idx: out.append(work(s, idx))), blocking=True)
+    return out[0] if out else None
 
 
 def _build(cfg: RunConfig, run_dir: str) -> tuple[Placed, Any]:

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from harness.api.attack import Attack
-from harness.battery.resolve import Resolved, resolve
+from harness.battery.resolve import Resolved
 from harness.battery.spec import AttackSpec
 from harness.run._acceleration import as_input
+from harness.run.plan import ShardBatch
 from harness.run.shards import RunShards
 from harness.run.stage import clean_stage, run_stage
 
@@ -52,45 +53,38 @@ class Calibration:
     the run (``ctx``): what prices a stage at its whole budget."""
 
     def __init__(self, ctx: RunShards, indices: list[int], clock: Callable[[], float]) -> None:
-        self.ctx, self.clock, cfg = ctx, clock, ctx.cfg
-        x, self.y = ctx.data.get(indices, ctx.device)
-        self.x, self.anchors = as_input(x, cfg.channels_last), ctx.data.get(indices, ctx.device)[0]
+        self.ctx, self.clock, context = ctx, clock, ctx.context
+        x, self.y = ctx.data.get(indices, context.device)
+        self.x, self.anchors = as_input(x, context.config.channels_last), ctx.data.get(indices, context.device)[0]
         t0 = clock()
-        _, ev, _ = clean_stage(ctx.defense, self.x, self.y, repeats=cfg.eval_repeats or 1, run_seed=cfg.seed, shard=0,
-                               batch_size=cfg.batch_size, verifier=ctx.verifier, anchors=self.anchors)
+        _, ev, _ = clean_stage(context, ShardBatch(0, self.x, self.y, ctx.batching.size, self.anchors))
         self.clean_seconds = (clock() - t0) / len(indices)  # per sample
-        correct = ev.attackable_under(cfg.decide_by or "mean").cpu()
+        correct = ev.attackable_under(context.decide_by).cpu()
         rows = [int(i) for i in torch.nonzero(correct).flatten()][:FEW_SAMPLES]
         self.correct = bool(rows)
         self.rows = rows or list(range(min(FEW_SAMPLES, len(indices))))
 
-    def resolved(self, spec: AttackSpec) -> tuple[Attack, Resolved]:
-        cfg = self.ctx.cfg
-        attack = spec.build(cfg.eps, cfg.norm)
-        return attack, resolve(spec, attack, stochastic=self.ctx.defense.stochastic, run_grad=cfg.grad,
-                               run_eot=cfg.eot, autocast=cfg.autocast, probe=self.ctx.probe)
-
     def full_cost(self, stage: int, spec: AttackSpec) -> FullCost | None:
         """``spec`` (stage number ``stage``, which seeds it) at its whole budget; None when the run skips it."""
-        attack, resolved = self.resolved(spec)
-        if resolved.skip:
+        plan = self.ctx.context.plan(stage, spec)
+        if plan.skip:
             return None
-        opt, effort = attack.capabilities.effort_option, attack.effort()
+        opt, effort = plan.attack.capabilities.effort_option, plan.attack.effort()
         short = min(effort, FEW_EFFORT) if opt and effort else None
         try:
             s1, u1 = self._timed(stage, _shortened(spec, opt, short))
         except ValueError:  # an attack that refuses so few iterations (a UsageError naming it): timed whole
             short = None
             s1, u1 = self._timed(stage, _shortened(spec, opt, short))
-        m, cfg, s2, u2, longer = len(self.rows), self.ctx.cfg, s1, u1, short
+        m, s2, u2, longer = len(self.rows), s1, u1, short
         while short and effort and longer and longer < effort and (longer == short or s2 - s1 < MIN_SECONDS):
             longer = min(effort, 2 * longer)  # a longer run, until the difference stands out of the timing noise
             s2, u2 = self._timed(stage, _shortened(spec, opt, longer))
         scaled = u1 / m  # the passes per sample of the whole attack, from the shortened runs
         if short and effort and longer and longer > short:
             scaled += max(u2 - u1, 0.0) / m / (longer - short) * (effort - short)
-        repeats = cfg.eval_repeats or 1  # each rung before the last adds an evaluation
-        declared = _declared_passes(attack, resolved, self.ctx.defense.num_classes, repeats)
+        repeats = self.ctx.context.repeats  # each rung before the last adds an evaluation
+        declared = _declared_passes(plan.attack, plan.resolved, self.ctx.context.defense.num_classes, repeats)
         declared += repeats * len([r for r in spec.schedule()[0] if effort is None or r < effort])
         passes = max(declared, scaled)
         on = f"{m} clean-correct sample(s)" if self.correct else f"{m} sample(s) (none classified correctly)"
@@ -111,12 +105,11 @@ class Calibration:
         """Seconds (on the clock) and passes (forward 1, backward 2, on the classifier) of ``spec`` on the chosen
         calibration samples, all attempted, with the run's stage options."""
         rows = torch.tensor(self.rows, device=self.x.device)
-        x, y, anchors = self.x[rows], self.y[rows], self.anchors[rows]
-        attack = spec.build(self.ctx.cfg.eps, self.ctx.cfg.norm)
+        batch = ShardBatch(0, self.x[rows], self.y[rows], self.ctx.batching.size, self.anchors[rows])
+        plan = self.ctx.context.plan(stage, spec)
         t0 = self.clock()
-        _, cols, _ = run_stage(stage, spec, attack, self.ctx.defense, x, y,
-                               torch.ones(len(self.rows), dtype=torch.bool, device=x.device),
-                               **self.ctx.stage_options(0, anchors))
+        _, cols, _ = run_stage(self.ctx.context, plan, batch, torch.ones(len(self.rows), dtype=torch.bool,
+                                                                          device=self.x.device))
         seconds = self.clock() - t0
         att = np.asarray(cols["attempted"], bool)
         units = np.nansum(cols["classifier_forward"][att]) + 2 * np.nansum(cols["classifier_backward"][att])

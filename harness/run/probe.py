@@ -27,10 +27,13 @@ import pandas as pd
 import torch
 
 from harness.api._seeding import SEED_PROBE, derive_seed
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, StoredFlag
 from harness.api.records import PROBE_SKIP
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
+from harness.run._acceleration import as_input
+from harness.run.host import ShardHost, frame
+from harness.run.plan import ShardBatch, StagePlan
 from harness.run.schedule import merge_per_sample, stage_extras
 from harness.run.stage import flag_dict, run_stage
 from harness.stats.intervals import clopper_pearson
@@ -107,49 +110,56 @@ def plan_probe(store: RunStore, n_shards: int, spec: AttackSpec, stage: int, *, 
     return ProbePlan(stage, spec.name, len(survivors), members, broken)
 
 
-def extend_shard(ctx: Any, shard: int, indices: list[int], spec: AttackSpec, plan: ProbePlan) -> list[dict[str, Any]]:
-    """The ``extend`` phase of one shard (caller holds its lock): the stage run on the deferred samples and merged
-    into the stored stage if the probe broke one, else the deferral recorded as final with ``probe-only``.
-    ``ctx``: the run's :class:`harness.run.shards.RunShards`. Returns the per-stage counts (progress)."""
-    store, cfg, stage = ctx.store, ctx.cfg, plan.stage
+def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePlan,
+                 plan: ProbePlan) -> list[dict[str, Any]]:
+    """The ``extend`` phase of one shard (caller holds its lock): the probed ``stage`` run on the deferred samples
+    and merged into the stored stage if the probe broke one, else the deferral recorded as final with
+    ``probe-only``. Returns the per-stage counts (progress)."""
+    store, context, name = host.store, host.context, stage.name
     records, side = store.read_shard(shard), store.read_side(shard)
-    at = (records.stage == stage).to_numpy()
-    frame = records[at].reset_index(drop=True)
-    deferred = frame.skipped.str.startswith(PROBE_SKIP).to_numpy()
-    entry = side["attacks"][spec.name]
+    at = (records.stage == stage.stage).to_numpy()
+    part = records[at].reset_index(drop=True)
+    deferred = part.skipped.str.startswith(PROBE_SKIP).to_numpy()
+    entry = side["attacks"][name]
     entry["probe"] = plan.info(int(entry.get("probe", {}).get("members", 0)))
-    adv, summary = store.read_adversarials(shard) if cfg.save_adversarials else None, []
+    adv = store.read_adversarials(shard) if context.config.save_adversarials else None
+    summary: list[dict[str, Any]] = []
     if deferred.any() and plan.broken:
-        x, y = ctx.data.get(indices, ctx.device)
-        anchors = ctx.data.get(indices, ctx.device)[0]
-        rest = torch.tensor(deferred, device=ctx.device)
-        ctx.progress.stage_start(shard=shard, n_shards=ctx.n_shards, stage=spec.name, attempted=int(deferred.sum()))
-        outcome, cols, _ = run_stage(stage, spec, spec.build(cfg.eps, cfg.norm), ctx.defense, x, y, rest, part=1,
-                                     **ctx.stage_options(shard, anchors))
-        frame = merge_rows(frame, ctx._frame(cols, indices, y, shard, stage, spec.name), deferred)
-        side["diagnostics"].extend(flag_dict(f, outcome) for f in diagnostics.after_stage(outcome))
-        if adv is not None:
-            adv["x_adv"][spec.name][outcome.robust_before.cpu()] = outcome.x_adv.cpu()
-        seconds = float(frame.time_s[deferred].sum())
-        summary.append(dict(stage=spec.name, attempted=int(deferred.sum()), seconds=seconds, checks=0.0,
-                            robust=int((outcome.robust_after & rest).sum())))
-        extras = stage_extras(outcome, frame, indices)
-        merge_per_sample(entry, extras.pop("per_sample", None))
-        entry.update(attempted=int(frame.attempted.sum()), **extras)
+        part, summary = _extend(host, shard, indices, stage, (part, deferred), side, adv)
     elif deferred.any():
-        frame.loc[deferred, "skipped"] = plan.unbroken()
-        side["diagnostics"].append({
-            "code": FlagCode.PROBE_ONLY.value, "attack": spec.name, "message": plan.unbroken(),
-            "remedy": "to run it on every sample, drop its probe (or give a larger one)",
-            "value": entry["probe"]["bound"], "escalate": [], "shard": shard, "stage": stage})
-    records = pd.concat([records[~at], frame], ignore_index=True).sort_values("stage", kind="stable")
-    state = attackable_after(records[records.stage <= stage], cfg.decide_by or "mean")
+        part.loc[deferred, "skipped"] = plan.unbroken()
+        side["diagnostics"].append(StoredFlag(FlagCode.PROBE_ONLY, name, plan.unbroken(), FlagCode.PROBE_ONLY.remedy,
+                                              entry["probe"]["bound"], shard=shard, stage=stage.stage).to_dict())
+    records = pd.concat([records[~at], part], ignore_index=True).sort_values("stage", kind="stable")
+    state = attackable_after(records[records.stage <= stage.stage], context.decide_by)
     entry["robust_after"] = int(state.loc[indices].sum())
     store.write_shard(shard, records[COLUMNS].reset_index(drop=True), side, adv)
-    ctx.bar(spec.name).update(len(indices))
+    host.bar(name).update(len(indices))
     if summary:
-        ctx.stage_done(shard=shard, n_shards=ctx.n_shards, size=len(indices), **summary[-1])
+        host.stage_done(shard=shard, n_shards=host.n_shards, size=len(indices), **summary[-1])
     return summary
+
+
+def _extend(host: ShardHost, shard: int, indices: list[int], stage: StagePlan, rows: tuple[pd.DataFrame, np.ndarray],
+            side: dict[str, Any], adv: dict[str, Any] | None) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The probed stage run on the ``deferred`` rows of its stored ``part`` (``rows``), as part 1 of the stage."""
+    (part, deferred), context = rows, host.context
+    x, y = host.data.get(indices, context.device)
+    anchors = host.data.get(indices, context.device)[0]
+    rest = torch.tensor(deferred, device=context.device)
+    host.progress.stage_start(shard=shard, n_shards=host.n_shards, stage=stage.name, attempted=int(deferred.sum()))
+    batch = ShardBatch(shard, as_input(x, context.config.channels_last), y, host.batching.size, anchors)
+    outcome, cols, _ = run_stage(context, stage, batch, rest, part=1)
+    part = merge_rows(part, frame(cols, indices, y, shard, stage.stage, stage.name), deferred)
+    side["diagnostics"].extend(flag_dict(f, outcome) for f in diagnostics.after_stage(outcome))
+    if adv is not None:
+        adv["x_adv"][stage.name][outcome.robust_before.cpu()] = outcome.x_adv.cpu()
+    entry = side["attacks"][stage.name]
+    extras = stage_extras(outcome, part, indices)
+    merge_per_sample(entry, extras.pop("per_sample", None))
+    entry.update(attempted=int(part.attempted.sum()), **extras)
+    return part, [dict(stage=stage.name, attempted=int(deferred.sum()), seconds=float(part.time_s[deferred].sum()),
+                       checks=0.0, robust=int((outcome.robust_after & rest).sum()))]
 
 
 def merge_rows(a: pd.DataFrame, b: pd.DataFrame, take_b: np.ndarray) -> pd.DataFrame:

@@ -17,13 +17,12 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from harness.api.attack import Attack, AttackResult
+from harness.api.attack import AttackResult
 from harness.api.continuation import Continuable
-from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation
 from harness.api.passes import counting
-from harness.battery.spec import AttackSpec
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verify
+from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.stage import StageOutcome, finish_stage
 from harness.run.verdict import Agreement
 
@@ -31,32 +30,21 @@ from harness.run.verdict import Agreement
 _KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "violation", "differ", "open", "seconds")
 
 
-def run_rung_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defense, x: Tensor, y: Tensor,
-                   robust_before: Tensor, *,
-                   rungs: list[int], decide_by: str = "mean", save: Callable[[dict[str, Any]], None] | None = None,
-                   resume: dict[str, Any] | None = None,
-                   **options: Any) -> tuple[StageOutcome, dict[str, Any], list[dict[str, Any]]]:
-    """:func:`harness.run.stage.run_stage` in rungs (``rungs``: the iteration counts after which the decided
-    samples stop; the attack's own iterations end it). ``options`` are run_stage's keyword arguments.
-    Returns the outcome, the record columns and one summary per rung (iterations reached, samples attacked and
-    still robust after it, passes spent per attacked sample)."""
+def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_before: Tensor, *,
+                   save: Callable[[dict[str, Any]], None] | None = None,
+                   resume: dict[str, Any] | None = None) -> tuple[StageOutcome, dict[str, Any], list[dict[str, Any]]]:
+    """:func:`harness.run.stage.run_stage` in rungs (the plan's ``rungs``: the iteration counts after which the
+    decided samples stop; the attack's own iterations end it). Returns the outcome, the record columns and one
+    summary per rung (iterations reached, samples attacked and still robust after it, passes spent per attacked
+    sample)."""
+    attack = plan.attack
     if not isinstance(attack, Continuable):
-        raise ValueError(f"attack {spec.name!r} cannot run in rungs: it does not continue from a stored state")
-    s = setup_stage(stage, spec, attack, defense, x, y, robust_before, **options)
-    n_att, dev = s.xa.shape[0], x.device
-    bounds = [r for r in rungs if r < attack.total_iterations()] + [attack.total_iterations()]
-    if resume is not None:
-        p = _restore(resume, s)
-    else:
-        shape = (n_att, options["repeats"])
-        p = {"rung": 0, "state": {}, "trace": [], "log": [], "passes": {}, "x_eval": s.xa.clone(),
-             "preds": torch.full(shape, -1, dtype=torch.long, device=dev),
-             "correct": torch.zeros(shape, dtype=torch.bool, device=dev),
-             "finite": torch.ones(n_att, dtype=torch.bool, device=dev),
-             "ev_margin": torch.zeros(n_att, device=dev), "projected": torch.zeros(n_att, dtype=torch.bool, device=dev),
-             "violation": torch.zeros(n_att, device=dev), "differ": torch.zeros(n_att, dtype=torch.bool, device=dev),
-             "open": torch.ones(n_att, dtype=torch.bool, device=dev),
-             "seconds": torch.zeros(n_att, dtype=torch.float64), "significant": False, "p": float("nan")}
+        raise ValueError(f"attack {plan.name!r} cannot run in rungs: it does not continue from a stored state")
+    s = setup_stage(context, plan, batch, robust_before)
+    defense, decide_by = context.defense, context.decide_by
+    n_att, dev = s.xa.shape[0], batch.x.device
+    bounds = [r for r in plan.rungs if r < attack.total_iterations()] + [attack.total_iterations()]
+    p = _restore(resume, s) if resume is not None else _start(s, context.repeats)
     state: dict[str, Tensor] = p["state"]
     for r in range(p["rung"], len(bounds)):
         rows = p["open"].nonzero().squeeze(1)
@@ -91,11 +79,25 @@ def run_rung_stage(stage: int, spec: AttackSpec, attack: Attack, defense: Defens
             save(_snapshot(p, s))
     result = attack.answer(s.xa, s.ya, state, p["trace"]) if state else attack(s.target, s.xa, s.ya, seed=0)
     ev = Evaluation(p["preds"], p["correct"], p["finite"], p["ev_margin"])
-    agreement = Agreement(p["differ"], p["significant"], p["p"]) if options.get("verifier") is not None else None
+    agreement = Agreement(p["differ"], p["significant"], p["p"]) if context.verifier is not None else None
     judged = Judged(p["x_eval"], ev, p["projected"], p["violation"], agreement)
     passes = {k: p["passes"].get(k, torch.zeros(n_att, dtype=torch.float64)) for k in s.target.budget.counts()}
-    outcome, cols, _ = finish_stage(s, x, robust_before, result, judged, passes, p["seconds"], decide_by=decide_by)
+    outcome, cols, _ = finish_stage(s, robust_before, result, judged, passes, p["seconds"])
     return outcome, cols, p["log"]
+
+
+def _start(s: StageSetup, repeats: int) -> dict[str, Any]:
+    """The progress of a stage before its first rung: every attempted sample open, nothing evaluated yet."""
+    n_att, dev = s.xa.shape[0], s.xa.device
+    shape = (n_att, repeats)
+    return {"rung": 0, "state": {}, "trace": [], "log": [], "passes": {}, "x_eval": s.xa.clone(),
+            "preds": torch.full(shape, -1, dtype=torch.long, device=dev),
+            "correct": torch.zeros(shape, dtype=torch.bool, device=dev),
+            "finite": torch.ones(n_att, dtype=torch.bool, device=dev),
+            "ev_margin": torch.zeros(n_att, device=dev), "projected": torch.zeros(n_att, dtype=torch.bool, device=dev),
+            "violation": torch.zeros(n_att, device=dev), "differ": torch.zeros(n_att, dtype=torch.bool, device=dev),
+            "open": torch.ones(n_att, dtype=torch.bool, device=dev),
+            "seconds": torch.zeros(n_att, dtype=torch.float64), "significant": False, "p": float("nan")}
 
 
 def _keep(p: dict[str, Any], rows: Tensor, judged: Judged, spent: dict[str, int], seconds: float) -> None:

@@ -11,8 +11,9 @@ the stored records' seeds, a resumed run goes on exactly like an uninterrupted o
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -32,15 +33,17 @@ from harness.progress import get_logger, shard_text
 from harness.run import corruption_stages
 from harness.run._memory import Batching, resumed_size
 from harness.run._placement import place_and_check
-from harness.run.data import open_data
+from harness.run.data import open_data, preprocessing
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
 from harness.run.phases import ATTACKS, ESCALATION, Phase, PhaseKind
+from harness.run.plan import RunContext
 from harness.run.probe import split_probed
 from harness.run.schedule import check_schedule
 from harness.run.shards import RunShards
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import DataSource
+from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
@@ -54,57 +57,74 @@ LONG_RUN = 20 * CALIBRATION_SAMPLES  # runs of at least this many samples log a 
 
 def prepare(cfg: RunConfig, defense: Defense | None = None,
             front: FrontEnd = FrontEnd.CLI) -> tuple[RunConfig, Defense, DataSource, list[int]]:
-    """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats); ``front``: whose
-    options the config holds, so errors name them as that user wrote them."""
+    """Build the defense and data, and resolve every defaulted field of ``cfg`` (battery, repeats, criterion) into
+    a new config; ``cfg`` itself is left as the user wrote it. ``front``: whose options the config holds, so errors
+    name them as that user wrote them."""
     # the config schema again: fields may have been set after construction
     check_values(vars(cfg), source=None, front=front)
-    cfg.band = ThreatSpec.from_config(cfg).band  # a threat model that does not fit (lowfreq under Linf) fails here
+    band = ThreatSpec.from_config(cfg).band  # a threat model that does not fit (lowfreq under Linf) fails here
+    cfg = dataclasses.replace(cfg, band=band, **preprocessing(cfg))  # the user's config itself stays as written
     if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
         torch.set_num_threads(cfg.threads)
     if defense is None:
         defense = create_defense(cfg.defense, **cfg.defense_opts)
     data = open_data(cfg)
-    # a source that declares its classes needs the same count; one whose labels alone bound it, at least as many
-    if (defense.num_classes != data.num_classes) if data.classes_fixed else (defense.num_classes < data.num_classes):
-        has = f"{data.num_classes}" if data.classes_fixed else f"labels up to {data.num_classes - 1}"
-        raise UsageError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
-                         f"{has}; pick a matching --dataset or classifier")
+    _check_classes(cfg, defense, data)
     # a forgotten /255 fails before any work
     check_eps(cfg, defense.bounds, int(np.prod(data.get([0])[0].shape[1:])))
     for warning in config_warnings(cfg, defense.trained_on):
         log.warning(warning)
     indices = select_indices(len(data), cfg.n, cfg.seed if cfg.sample_seed is None else cfg.sample_seed, cfg.indices)
+    _check_not_fitted_on(cfg, defense, indices)
+    # --threat corruptions: no battery, the corruptions resolved
+    cfg = dataclasses.replace(cfg, **corruption_stages.check_config(cfg))
+    if cfg.about is not None and cfg.until is None:
+        raise UsageError(f"--about {cfg.about} says what the confidence sequence of --until is about; it goes with --until")
+    resolved: dict[str, Any] = {}
+    if cfg.until is not None or cfg.against is not None:
+        StopRule.parse(cfg.until or "", cfg.against)  # a bad rule fails before any work
+        indices = sequence_order(indices, cfg.seed)
+        resolved["about"] = cfg.about or Scope.MODELS.value  # what "A is more robust than B" means
+    if cfg.eval_repeats is None:
+        resolved["eval_repeats"] = 10 if defense.stochastic else 1
+    if cfg.threat == corruption_stages.THREAT:
+        resolved["decide_by"] = cfg.decide_by or DEFAULT_DECIDE_BY  # no cascade: every corruption stage evaluates every sample
+        return dataclasses.replace(cfg, **resolved), defense, data, indices
+    return _resolve_battery(dataclasses.replace(cfg, **resolved), defense), defense, data, indices
+
+
+def _check_classes(cfg: RunConfig, defense: Defense, data: DataSource) -> None:
+    """A source that declares its classes needs the same count; one whose labels alone bound it, at least as many."""
+    if (defense.num_classes != data.num_classes) if data.classes_fixed else (defense.num_classes < data.num_classes):
+        has = f"{data.num_classes}" if data.classes_fixed else f"labels up to {data.num_classes - 1}"
+        raise UsageError(f"defense {cfg.defense!r} has {defense.num_classes} classes but dataset {cfg.dataset!r} has "
+                         f"{has}; pick a matching --dataset or classifier")
+
+
+def _check_not_fitted_on(cfg: RunConfig, defense: Defense, indices: list[int]) -> None:
     shared = defense.fitted_on.overlap(cfg.dataset, "test", indices) if defense.fitted_on is not None else []
     if shared:
         example = ", ".join(map(str, shared[:3])) + (", ..." if len(shared) > 3 else "")
         raise UsageError(f"defense {cfg.defense!r} was built from {len(shared)} of the test samples this run would "
                          f"evaluate (e.g. indices {example}): its numbers would be measured on its own calibration "
                          "data; build it from the training split, or evaluate other samples (--n, --seed)")
-    corruption_stages.check_config(cfg)  # --threat corruptions: no battery, the corruptions resolved
-    if cfg.about is not None and cfg.until is None:
-        raise UsageError(f"--about {cfg.about} says what the confidence sequence of --until is about; it goes with --until")
-    if cfg.until is not None or cfg.against is not None:
-        StopRule.parse(cfg.until or "", cfg.against)  # a bad rule fails before any work
-        indices = sequence_order(indices, cfg.seed)
-        cfg.about = cfg.about or Scope.MODELS.value  # what "A is more robust than B" means
-    if cfg.eval_repeats is None:
-        cfg.eval_repeats = 10 if defense.stochastic else 1
-    if cfg.threat == corruption_stages.THREAT:
-        cfg.decide_by = cfg.decide_by or "mean"  # no cascade: every corruption stage evaluates every sample
-        return cfg, defense, data, indices
-    if cfg.attacks is None:  # no battery named: AutoAttack's advice, EOT (rand) for randomized defenses
-        cfg.attacks = default_preset(defense.stochastic)
-        log.info("no --attacks given: using the %r battery for this %s defense", cfg.attacks,
+
+
+def _resolve_battery(cfg: RunConfig, defense: Defense) -> RunConfig:
+    """``cfg`` with its battery resolved (AutoAttack's advice when none is named, EOT for randomized defenses) and
+    the cascade's criterion; every entry built and resolved now, so a bad option fails before any work."""
+    attacks = cfg.attacks
+    if attacks is None:
+        attacks = default_preset(defense.stochastic)
+        log.info("no --attacks given: using the %r battery for this %s defense", attacks,
                  "stochastic" if defense.stochastic else "deterministic")
-    if not cfg.battery:
-        cfg.battery = [s.to_dict() for s in resolve_battery(cfg.attacks, cfg.attack_opts)]
-    cfg.decide_by = cfg.decide_by or battery_decide_by(cfg.attacks) or "mean"  # the cascade's stop rule
-    check_schedule([AttackSpec.from_dict(s) for s in cfg.battery], cfg.eps, cfg.norm, every_attack=cfg.every_attack,
-                   sequential=cfg.until is not None)
-    # build and resolve every entry now so a bad option fails before any work (logged after the preflight)
-    check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, eps=cfg.eps, norm=cfg.norm,
-                  run_grad=cfg.grad, run_eot=cfg.eot, autocast=cfg.autocast, threat=cfg.threat)
-    return cfg, defense, data, indices
+    battery = cfg.battery or [s.to_dict() for s in resolve_battery(attacks, cfg.attack_opts)]
+    cfg = dataclasses.replace(cfg, attacks=attacks, battery=battery,
+                              decide_by=cfg.decide_by or battery_decide_by(attacks) or DEFAULT_DECIDE_BY)  # the stop rule
+    specs = [AttackSpec.from_dict(s) for s in battery]
+    check_schedule(specs, cfg.eps, cfg.norm, every_attack=cfg.every_attack, sequential=cfg.until is not None)
+    check_battery(specs, defense, cfg)
+    return cfg
 
 
 def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int]:
@@ -131,15 +151,26 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
                          "of each image per stage and eval repeat, plus generating the corrupted images once)")
     batching = Batching(cfg.batch_size)
     placed = place_and_check(cfg, defense, data, indices, batching, rebuildable=rebuildable)
-    pf = placed.preflight
-    return estimate(dataclasses.replace(cfg, batch_size=batching.size), placed.defense, data, indices, placed.device,
-                    samples=samples, probe=pf.probe, findings=pf.findings, verifier=placed.verifier,
-                    stateful=pf.stateful, clock=clock)
+    context = placed.context(dataclasses.replace(cfg, batch_size=batching.size))
+    return estimate(context, data, indices, samples=samples, findings=placed.preflight.findings, clock=clock)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A run made ready: its directory, shards, context, the first-batch findings, the batch size in force, the
+    cost estimate logged at its start (long runs) and a corruptions run's images."""
+    store: RunStore
+    plan: Plan
+    context: RunContext
+    findings: list[dict[str, Any]]
+    batching: Batching
+    estimate: Estimate | None = None
+    corrupted: corruption_stages.Corrupted | None = None
 
 
 def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = False,
-        shard_slice: tuple[int, int] | None = None, executor: str | Executor = "local", ray_address: str | None = None,
-        gpus_per_task: float | None = None, cpus_per_task: float | None = None, front: FrontEnd = FrontEnd.CLI) -> Path:
+        shard_slice: tuple[int, int] | None = None, executor: str | Executor = "local",
+        front: FrontEnd = FrontEnd.CLI) -> Path:
     """Run (or resume) the evaluation described by ``cfg``; returns the run directory.
 
     A resume whose defense source or weights, data, package versions or harness code differ from
@@ -151,30 +182,62 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     (a Slurm array). A slice that finishes while other slices' shards are missing returns with the run
     incomplete; the slice that finds every shard done runs the escalation stages (if any) and completes the
     run. The records do not depend on the slicing: every shard's seeds are a function of (run seed, shard).
-    ``executor``: where shards are computed, ``local`` or ``ray`` with its options (:mod:`harness.run.executors`).
-    ``front``: the front end that set the options (errors name them as its user wrote them; the Python API shows
-    progress bars also where stderr is not a terminal, a notebook).
+    ``executor``: where shards are computed, ``local``, ``ray`` or an executor with its options
+    (:mod:`harness.run.executors`). ``front``: the front end that set the options (errors name them as its user
+    wrote them; the Python API shows progress bars also where stderr is not a terminal, a notebook).
     """
     run_id = validate_run_id(cfg.run_id) if cfg.run_id else None
-    if cfg.until is not None and shard_slice is not None:
-        raise UsageError(f"{front.option('until')} evaluates shards in order and stops early; it cannot be split with "
-                         f"{front.option('shard_slice')}")
-    name = executor if isinstance(executor, str) else executor.name
-    if name != "local" and (shard_slice is not None or cfg.until is not None):
-        raise UsageError(f"{front.setting('executor', name)} spreads every shard of the run over its workers; it cannot "
-                         f"be combined with {front.option('shard_slice' if shard_slice is not None else 'until')} "
-                         f"(use {front.setting('executor', 'local')})")
-    executor = make_executor(executor, address=ray_address, gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task)
+    _check_split(cfg, shard_slice, executor if isinstance(executor, str) else executor.name, front)
+    executor = make_executor(executor)
     rebuildable = defense is None  # built from its spec: the verdict comes from new processes
     if rebuildable:
         start_server()  # its imports overlap with building the defense and loading the data
     cfg, defense, data, indices = prepare(cfg, defense, front)
+    opened = _open(cfg, defense, data, indices, run_id=run_id, rebuildable=rebuildable, force_resume=force_resume,
+                   executor=executor.name)
+    store, shards = opened.store, opened.plan.shards()
+    mine = slice_shards(len(shards), shard_slice)
+    ctx = RunShards(opened.context, data, store, len(shards), n=sum(len(shards[s]) for s in mine),
+                    batching=opened.batching, front=front)
+    ctx.corrupted = opened.corrupted
+    if opened.estimate is not None:  # what a stage not timed yet in this run costs, for the time left
+        ctx.progress.prior(opened.estimate.priors())
+    try:
+        shards = _battery(ctx, executor, shards, mine, opened.plan)
+        if shards is None:  # only with a slice: other slices are still running (or not started)
+            left = sum(store.shard_stages(s) is None for s in range(len(opened.plan.shards())))
+            log.info("slice %s done; %d shards of other slices are not finished yet, so the run is not complete: the "
+                     "last slice to finish completes it", "/".join(map(str, shard_slice or ())), left)
+            return store.dir
+        _after_battery(ctx, executor, shards, opened.findings)
+    finally:
+        ctx.close()
+        executor.close()
+    _finish(ctx, len(shards), opened.findings)
+    return store.dir
+
+
+def _check_split(cfg: RunConfig, shard_slice: tuple[int, int] | None, executor: str, front: FrontEnd) -> None:
+    """A sequential run takes its shards in order in one process; other executors spread every shard."""
+    if cfg.until is not None and shard_slice is not None:
+        raise UsageError(f"{front.option('until')} evaluates shards in order and stops early; it cannot be split with "
+                         f"{front.option('shard_slice')}")
+    if executor != "local" and (shard_slice is not None or cfg.until is not None):
+        raise UsageError(f"{front.setting('executor', executor)} spreads every shard of the run over its workers; it "
+                         f"cannot be combined with {front.option('shard_slice' if shard_slice is not None else 'until')}"
+                         f" (use {front.setting('executor', 'local')})")
+
+
+def _open(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int], *, run_id: str | None,
+          rebuildable: bool, force_resume: bool, executor: str) -> Opened:
+    """The run directory opened (or resumed) for the resolved ``cfg``, after the first-batch checks; a long run's
+    cost estimate logged."""
     plan = Plan.split(indices, cfg.shard_size)
     fp = fingerprint.compute(cfg.defense, defense, data.fingerprint(indices))
     corrupted = None
     if cfg.threat == corruption_stages.THREAT:  # generated (or read from the cache) now, and fingerprinted
-        if name != "local":
-            raise UsageError(f"--executor {name} does not run --threat corruptions yet; use --executor local (or "
+        if executor != "local":
+            raise UsageError(f"--executor {executor} does not run --threat corruptions yet; use --executor local (or "
                              "--shard-slice for several jobs)")
         corrupted = corruption_stages.prepare_images(cfg, data, plan)
         fp = corrupted.fingerprint(fp)
@@ -183,69 +246,73 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     stored = load_provenance(store.dir).get("batch_sizes") if (store.dir / "provenance.json").is_file() else None
     batching = Batching(resumed_size(stored, cfg.batch_size))
     placed = place_and_check(cfg, defense, data, indices, batching, rebuildable=rebuildable)  # before any work
-    defense, device, pf = placed.defense, placed.device, placed.preflight
+    pf = placed.preflight
+    context = placed.context(cfg)
     est = None
-    if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of such a run
-        est = estimate(dataclasses.replace(cfg, batch_size=batching.size), defense, data, indices, device,
-                       probe=pf.probe, findings=pf.findings, verifier=placed.verifier, stateful=pf.stateful)
+    if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of it
+        sized = placed.context(dataclasses.replace(cfg, batch_size=batching.size))
+        est = estimate(sized, data, indices, findings=pf.findings)
         log.info("%s", est.text())
     with store.run_lock():
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
-                              info=dict(device=str(device), defense=defense.describe(), data_source=data.source,
-                                        data=data.describe(), preflight=pf.to_dict(),
+                              info=dict(device=str(placed.device), defense=placed.defense.describe(),
+                                        data_source=data.source, data=data.describe(), preflight=pf.to_dict(),
                                         verdict=placed.verifier.kind.value))
     batching.attach(store.record_batch_size)
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
-    shards = plan.shards()
-    mine = slice_shards(len(shards), shard_slice)
-    ctx = RunShards(cfg, defense, data, store, device, sum(len(shards[s]) for s in mine), len(shards),
-                   probe=pf.probe, verifier=placed.verifier, stateful=pf.stateful, front=front, batching=batching)
-    ctx.corrupted = corrupted
-    if est is not None:  # what a stage not timed yet in this run costs, for the time left
-        ctx.progress.prior(est.priors())
-    base = [AttackSpec.from_dict(s) for s in cfg.battery]
-    try:  # phase A: the configured battery on every shard (of this slice; up to the stop of a sequential run)
-        if cfg.until is not None:
-            shards = shards[:sequential_phase(ctx, shards, plan)]
-            mine = list(range(len(shards)))
-        else:
-            executor.phase(ctx, shards, mine, ATTACKS)
-        others = [s for s in range(len(shards)) if store.shard_stages(s) is None]
-        if others:  # only with a slice: other slices are still running (or not started)
-            log.info("slice %d/%d done; %d shards of other slices are not finished yet, so the run is not complete: the "
-                     "last slice to finish completes it", shard_slice[0], shard_slice[1], len(others))
-            return store.dir
-        ctx.n, ctx.n_shards = sum(len(s) for s in shards), len(shards)
-        lead, probed = split_probed(base)
-        for stage, spec in enumerate(probed, start=len(lead) + 1):  # a probe over the run, then its extension
-            for kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
-                executor.phase(ctx, shards, list(range(len(shards))), Phase(kind, stage, spec.name))
-        escalations = (collect_escalations(store, len(shards), base, pf.findings, cfg.attack_opts) if cfg.escalate
-                       else [])
-        cfg.escalations = [e.to_dict() for e in escalations]
-        with store.run_lock():
-            store.write_config(cfg)
-        if escalations:  # phase B: escalation stages on every shard's still-robust samples
-            log.info("escalating with %s", ", ".join(e.name for e in escalations))
-            executor.phase(ctx, shards, list(range(len(shards))), ESCALATION)
-    finally:
-        ctx.close()
-        executor.close()
+    return Opened(store, plan, context, list(pf.findings), batching, est, corrupted)
+
+
+def _battery(ctx: RunShards, executor: Executor, shards: list[list[int]], mine: list[int],
+             plan: Plan) -> list[list[int]] | None:
+    """Phase A: the configured battery on every shard of this slice (up to the stop of a sequential run). Returns
+    the run's shards, or None while other slices' shards are not finished."""
+    if ctx.context.config.until is not None:
+        shards = shards[:sequential_phase(ctx, shards, plan)]
+    else:
+        executor.phase(ctx, shards, mine, ATTACKS)
+    if any(ctx.store.shard_stages(s) is None for s in range(len(shards))):
+        return None
+    ctx.n, ctx.n_shards = sum(len(s) for s in shards), len(shards)
+    return shards
+
+
+def _after_battery(ctx: RunShards, executor: Executor, shards: list[list[int]],
+                   findings: list[dict[str, Any]]) -> None:
+    """Each probed stage's probe over the run and its extension, then phase B: the escalation stages the flags
+    asked for, on every shard's still-robust samples; the escalations are recorded in the stored config."""
+    cfg, every = ctx.context.config, list(range(len(shards)))
+    base = ctx.context.battery
+    lead, probed = split_probed(base)
+    for stage, spec in enumerate(probed, start=len(lead) + 1):
+        for kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
+            executor.phase(ctx, shards, every, Phase(kind, stage, spec.name))
+    escalations = (collect_escalations(ctx.store, len(shards), base, findings, cfg.attack_opts) if cfg.escalate
+                   else [])
+    ctx.escalate(escalations)
+    with ctx.store.run_lock():
+        ctx.store.write_config(ctx.context.config)
+    if escalations:
+        log.info("escalating with %s", ", ".join(e.name for e in escalations))
+        executor.phase(ctx, shards, every, ESCALATION)
+
+
+def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> None:
+    store = ctx.store
     with store.run_lock():
         missing = completeness(store.dir).missing_shards
         if missing:  # e.g. a shard file deleted while the run was going on
-            raise RuntimeError(f"run {str(store.dir)!r}: {shard_text(missing, len(shards))} are missing or incomplete at the end of the "
-                               "run (deleted meanwhile?); run the same command again to recompute them")
-        store.finish(run_flags(store, len(shards), cfg.escalations, pf.findings))
-    return store.dir
+            raise RuntimeError(f"run {str(store.dir)!r}: {shard_text(missing, n_shards)} are missing or incomplete at "
+                               "the end of the run (deleted meanwhile?); run the same command again to recompute them")
+        store.finish(run_flags(store, n_shards, ctx.context.config.escalations, findings))
 
 
 def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int:
     """Phase A of a ``--until`` run: shards strictly in order, checking the stopping rule on the finished prefix
     before each one (:mod:`harness.stats.stopping`); records the outcome in provenance and returns the number of shards
     the run keeps."""
-    cfg, store = ctx.cfg, ctx.store
+    cfg, store = ctx.context.config, ctx.store
     names, done, work = ctx.steps(ATTACKS)
     for name in names:
         ctx.bar(name)

@@ -3,13 +3,10 @@ battery, and of the cascade's "still attackable" rule.
 
 A defense is evaluated R times per input (fresh defense randomness each draw; R = 1 for a
 deterministic one). Per sample and stage, each draw is correct when the prediction equals the
-label with finite logits. The sample's score at that stage under a criterion is
-
-* ``all``: 1 if every draw is correct, else 0;
-* ``majority``: 1 if more than half of the draws are correct, else 0;
-* ``mean``: the fraction of correct draws;
-
-and 0 under every criterion when any draw's logits were non-finite (NaN/inf is never robust).
+label with finite logits. The sample's score at that stage under a criterion is the criterion's own
+(:mod:`harness.stats.criteria`, where each is declared once; the built-ins: ``all``, 1 if every draw is
+correct, else 0; ``majority``, 1 if more than half of the draws are correct; ``mean``, the fraction of correct
+draws), and 0 under every criterion when any draw's logits were non-finite (NaN/inf is never robust).
 The per-sample worst case is the minimum of the stage scores over the clean stage and every
 attack stage that attempted the sample (with several recorded seeds, over every seed's stages).
 
@@ -29,60 +26,24 @@ the JSON report, ``harness compare`` and the subset analysis all read scores fro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 import pandas as pd
 
-
-class Criterion(str, Enum):
-    ALL = "all"
-    MAJORITY = "majority"
-    MEAN = "mean"
-
-
-CRITERIA: tuple[str, ...] = tuple(c.value for c in Criterion)
-DESCRIPTION: dict[Criterion, str] = {
-    Criterion.ALL: "robust in all R evaluation draws",
-    Criterion.MAJORITY: "robust in the majority of the R evaluation draws",
-    Criterion.MEAN: "mean over the R evaluation draws (fraction of draws robust)",
-}
-
-
-def parse_criterion(criterion: str | Criterion) -> Criterion:
-    """The :class:`Criterion` named ``criterion``; a clear error for anything else."""
-    try:
-        return Criterion(criterion)
-    except ValueError:
-        raise ValueError(f"unknown criterion {criterion!r}; accepted: {', '.join(CRITERIA)}") from None
+from harness.stats.criteria import DEFAULT_DECIDE_BY, Criterion, get_criterion
 
 
 def stage_score(correct: np.ndarray, criterion: str | Criterion, finite: np.ndarray | None = None) -> np.ndarray:
-    """Per-sample score at one stage from its ``(n, R)`` per-draw correctness.
+    """Per-sample score at one stage from its ``(n, R)`` per-draw correctness (:meth:`Criterion.score`).
 
     ``finite`` (n,) is False where any draw's logits were non-finite: the score is then 0.
     A sample with no recorded draw (R = 0) scores 0.
     """
-    c = np.asarray(correct, dtype=bool)
-    if c.ndim != 2:
-        raise ValueError(f"per-draw correctness must be a (samples, draws) matrix, got shape {c.shape}")
-    crit = parse_criterion(criterion)
-    draws = c.shape[1]
-    hits = c.sum(axis=1)
-    if crit is Criterion.ALL:
-        score = (hits == draws) & (draws > 0)
-    elif crit is Criterion.MAJORITY:
-        score = 2 * hits > draws
-    else:
-        score = hits / max(draws, 1)
-    score = np.asarray(score, dtype=float)
-    if finite is not None:
-        score = np.where(np.asarray(finite, dtype=bool), score, 0.0)
-    return score
+    return get_criterion(criterion).score(correct, finite)
 
 
 def still_attackable(correct: np.ndarray, finite: np.ndarray | None = None,
-                     decide_by: str | Criterion = Criterion.MEAN) -> np.ndarray:
+                     decide_by: str | Criterion = DEFAULT_DECIDE_BY) -> np.ndarray:
     """True while the sample still scores above 0 under ``decide_by`` at this stage: the cascade attacks on.
 
     Under the default, ``mean``, that is while any draw is still correct (and no draw was non-finite): a sample
@@ -119,17 +80,17 @@ def row_scores(records: pd.DataFrame, criterion: str | Criterion) -> np.ndarray:
     return out
 
 
-def attackable_rows(records: pd.DataFrame, decide_by: str | Criterion = Criterion.MEAN) -> np.ndarray:
+def attackable_rows(records: pd.DataFrame, decide_by: str | Criterion = DEFAULT_DECIDE_BY) -> np.ndarray:
     """Per record row: the stage attempted the sample and :func:`still_attackable` holds after it."""
     attempted = records["attempted"].to_numpy(dtype=bool) if "attempted" in records.columns else True
     return attempted & (row_scores(records, decide_by) > 0)
 
 
-def attackable_after(records: pd.DataFrame, decide_by: str | Criterion = Criterion.MEAN) -> pd.Series:
+def attackable_after(records: pd.DataFrame, decide_by: str | Criterion = DEFAULT_DECIDE_BY) -> pd.Series:
     """Per sample (indexed by dataset index): the cascade's state after every stage of ``records`` (one run, one
     seed), i.e. its worst case under ``decide_by`` over the clean stage and every stage that attempted it is above
     0; used when a run is extended with more stages. Stages that skipped a sample leave its state as it was."""
-    wc = _one_seed(records, parse_criterion(decide_by))
+    wc = _one_seed(records, get_criterion(decide_by))
     return pd.Series(wc.worst > 0, index=wc.index)
 
 
@@ -199,7 +160,7 @@ def _one_seed(records: pd.DataFrame, crit: Criterion) -> WorstCase:
 
 def worst_case_by_seed(records: pd.DataFrame, criterion: str | Criterion) -> dict[int, WorstCase]:
     """:class:`WorstCase` of each recorded seed (key 0 when the records have no ``seed`` column)."""
-    crit = parse_criterion(criterion)
+    crit = get_criterion(criterion)
     if "seed" not in records.columns:
         return {0: _one_seed(records, crit)}
     return {int(s): _one_seed(g, crit) for s, g in records.groupby("seed", sort=True)}

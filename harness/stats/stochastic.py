@@ -1,8 +1,8 @@
-"""Stochastic defenses: the three criteria side by side, and the spread between seeds.
+"""Stochastic defenses: every registered criterion side by side, and the spread between seeds.
 
 Records hold, per sample and stage, the R predictions of R evaluation draws (``preds``). The
-criteria ("robust in all draws", "majority", "mean over draws", :mod:`harness.stats.scoring`) can
-differ by many points for the same defense, so the report shows all three. Each number here is
+criteria (:mod:`harness.stats.criteria`: "robust in all draws", "majority", "mean over draws" and any a plugin
+registered) can differ by many points for the same defense, so the report shows them all. Each number here is
 the same worst case, with the same headline interval (:func:`harness.stats.intervals.headline_interval`),
 as the main table shows under that criterion. The interval resamples samples only: a sample's
 score already carries its draw noise, so the bootstrap over samples covers both sources.
@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from harness.stats.criteria import DEFAULT_REPORT_CRITERION, MEAN, criterion_names
 from harness.stats.intervals import Interval, headline_interval
-from harness.stats.scoring import CRITERIA, Criterion, eval_draws, worst_case, worst_case_by_seed
+from harness.stats.scoring import eval_draws, worst_case, worst_case_by_seed
 
 
 @dataclass(frozen=True)
 class CriteriaComparison:
-    """The three criteria side by side for one defense, plus between-seed spread when available."""
+    """The criteria side by side for one defense, plus between-seed spread when available."""
 
     draws: int  # R, evaluation draws per sample and stage
     intervals: dict[str, Interval]
@@ -30,7 +31,7 @@ class CriteriaComparison:
     seed_std: float | None
 
 
-def between_seed_std(records: pd.DataFrame, criterion: str = "all") -> tuple[dict[int, float], float | None]:
+def between_seed_std(records: pd.DataFrame, criterion: str = DEFAULT_REPORT_CRITERION) -> tuple[dict[int, float], float | None]:
     """Worst-case accuracy per recorded seed and their standard deviation (ddof=1); None if one seed."""
     if "seed" not in records.columns:
         return {}, None
@@ -41,12 +42,12 @@ def between_seed_std(records: pd.DataFrame, criterion: str = "all") -> tuple[dic
 
 def compare_criteria(records: pd.DataFrame, *, confidence: float = 0.95, seed: int = 0,
                      n_resamples: int = 10_000) -> CriteriaComparison:
-    """Worst-case accuracy under all / majority / mean over draws, with the headline interval each."""
-    results = {c: worst_case(records, c) for c in CRITERIA}
+    """Worst-case accuracy under every registered criterion, with the headline interval each."""
+    results = {c: worst_case(records, c) for c in criterion_names()}
     intervals = {c: headline_interval(wc.worst, confidence=confidence, seed=seed, n_resamples=n_resamples)
                  for c, wc in results.items()}
     upper = {c: wc.worst_is_upper_bound for c, wc in results.items()}
-    mean = results[Criterion.MEAN.value].worst
+    mean = results[MEAN.name].worst
     per_seed, std = between_seed_std(records)
     return CriteriaComparison(eval_draws(records), intervals, upper, float(np.mean((mean > 0) & (mean < 1))),
                               per_seed, std)

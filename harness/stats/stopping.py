@@ -31,6 +31,7 @@ import pandas as pd
 from scipy import stats
 
 from harness.errors import UsageError
+from harness.stats.criteria import ALL
 from harness.stats.intervals import Interval, excludes
 from harness.stats.scoring import worst_case
 from harness.stats.sequential import Scope, difference_cs, mean_cs
@@ -114,7 +115,7 @@ class StopState:
 def ordered_worst(records: pd.DataFrame, order: list[int]) -> np.ndarray:
     """Per-sample worst-case score (criterion ``all``) of the samples of ``order`` present in ``records``,
     in that order."""
-    wc = worst_case(records, "all")
+    wc = worst_case(records, ALL)
     have = set(wc.index.tolist())
     return wc.worst[np.searchsorted(wc.index, [i for i in order if i in have])]
 

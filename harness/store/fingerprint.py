@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.api.registry import spec_file
 from harness.sources.hashing import hash_file
 
 if TYPE_CHECKING:
@@ -110,9 +111,9 @@ def defense_source_files(spec: str, defense: nn.Module) -> list[Path]:
 
 
 def _spec_file(spec: str) -> Path | None:
-    target = spec.rpartition(":")[0]
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        return Path(target).expanduser().resolve()
+    target, path = spec.rpartition(":")[0], spec_file(spec)
+    if path is not None:
+        return path.resolve()
     if target:
         try:
             found = importlib.util.find_spec(target)

@@ -47,6 +47,7 @@ from harness.stats.scoring import stages
 from harness.store._locks import file_lock
 from harness.store._machine import hardware, load_average
 from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
+from harness.store.resume import ResumeMismatchError, check_resume  # noqa: F401  (ResumeMismatchError: re-exported)
 from harness.store.upgrade import nulls, upgrade
 
 FORMAT_VERSION = 3
@@ -74,10 +75,6 @@ _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 
 class RunFormatError(UsageError):
     """A run directory's file is missing, unreadable, or of another format version."""
-
-
-class ResumeMismatchError(UsageError):
-    """A resume would mix results of a different defense, data or software into an existing run."""
 
 
 def validate_run_id(run_id: str) -> str:
@@ -198,29 +195,10 @@ class RunStore:
         forced: list[dict[str, Any]] = []
         if resuming:
             check_format(self.dir, kind)
-            version = _read_json(self.dir / FORMAT_FILE).get("version")
-            if version != FORMAT_VERSION:
-                raise ResumeMismatchError(f"run directory {str(self.dir)!r} was written in run format version {version}; "
-                                          f"this harness writes version {FORMAT_VERSION}, and one run holds one format: "
-                                          "use another --run-id or --out (reports still read it)")
-            old = reader(cfg_path)
-            if old.result_dict() != cfg.result_dict():
-                diff = sorted(k for k, v in cfg.result_dict().items() if old.result_dict().get(k) != v)
-                raise ResumeMismatchError(f"run directory {str(self.dir)!r} holds a run with different settings ({', '.join(diff)}); "
-                                 "use another --run-id or --out, or delete that directory to start over")
-            if old.batch_size != cfg.batch_size:  # attack seeds are drawn per batch: a new size changes results
-                raise ResumeMismatchError(f"run directory {str(self.dir)!r} was run with --batch-size {old.batch_size}; resume it "
-                                 f"with the same --batch-size (got {cfg.batch_size}) so the remaining shards match")
             prov = load_provenance(self.dir)
-            forced = list(prov.get("forced_resumes", []))
-            changes = Fingerprint.from_dict(prov.get("fingerprint") or {}).differences(fingerprint)
-            if changes and not force_resume:
-                raise ResumeMismatchError(
-                    f"refusing to resume run {str(self.dir)!r}: {'; '.join(changes)} changed since it started, so its "
-                    "table would mix results of two experiments; use another --run-id or --out, or pass "
-                    "--force-resume to continue anyway (recorded in provenance.json)")
-            if changes:
-                forced.append({"at": _now(), "changed": changes, "previous": prov.get("fingerprint")})
+            version = _read_json(self.dir / FORMAT_FILE).get("version")
+            forced = check_resume(self.dir, (version, FORMAT_VERSION), reader(cfg_path), cfg, prov, fingerprint,
+                                  force_resume=force_resume)
         self.records_dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind.value})
         write_config(cfg, cfg_path)
