@@ -135,6 +135,11 @@ class Registry(Generic[T]):
             if ep.attr is not None and ep.name not in self._factories:
                 self._factories[ep.name] = _LazyEntryPoint(ep)
 
+    def plugin_modules(self) -> list[str]:
+        """The modules this registry's entry points name (not imported here): what another process imports to have
+        the same factories at hand (the isolated verdict's server, ``harness.diagnostics.isolated``)."""
+        return list(dict.fromkeys(ep.module for ep in entry_points(group=self.group))) if self.group else []
+
     def names(self, pattern: str = "*") -> list[str]:
         """Registered names matching a shell-style ``pattern``."""
         self._ensure_loaded()

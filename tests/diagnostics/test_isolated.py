@@ -140,3 +140,13 @@ def test_a_script_that_evaluates_at_its_top_level_needs_no_main_guard(tiny_data_
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "verdict: isolated process" in done.stdout
+
+
+def test_the_server_imports_the_registered_defense_modules_once_for_its_children():
+    """A child builds its defense without importing the plugin modules again: the server preloads the modules the
+    defense registry's entry points name (the built-in ones here), next to torch."""
+    from harness.diagnostics.isolated import PRELOAD, preload_modules
+
+    modules = preload_modules()
+    assert modules[:len(PRELOAD)] == PRELOAD and set(DEFENSES.plugin_modules()) <= set(modules)
+    assert "harness.defenses" in DEFENSES.plugin_modules()
