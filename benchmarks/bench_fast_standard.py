@@ -106,11 +106,12 @@ def harness_side(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]
     linf = recs.set_index(["index", "attack"])["linf"]
     table = pd.DataFrame({"robust": robust, "by": by, "linf": [np.nan if b in (None, "clean") else linf[(i, b)]
                                                                for i, b in zip(wc.index, by)]}, index=wc.index)
-    attacks = recs[recs.stage > 0]
-    table["passes"] = attacks.assign(p=attacks[list(PASS_COLUMNS)].sum(axis=1)).groupby("index")["p"].sum()
-    per_stage = attacks.groupby("attack", sort=False)[list(PASS_COLUMNS)].sum().sum(axis=1).to_dict()
-    totals = {"passes": per_stage, "wall_seconds": wall, "record_seconds": float(recs.time_s.sum()),
-              "load": [load_before, load_text()], "resumed": resumed}
+    attacks = recs[recs.stage > 0].assign(p=lambda r: r[list(PASS_COLUMNS)].sum(axis=1))
+    per_stage = attacks.pivot_table(index="index", columns="attack", values="p", aggfunc="sum", sort=False)
+    table["passes"] = per_stage.sum(axis=1)
+    table["seconds"] = recs.groupby("index").time_s.sum()  # a stage's time is shared equally by its attempted rows
+    totals = {"stage_passes": per_stage.fillna(0.0), "wall_seconds": wall, "load": [load_before, load_text()],
+              "resumed": resumed}
     return table, totals, run_dir
 
 
@@ -144,43 +145,60 @@ def malt_statistic(run_dir: Path, harness: pd.DataFrame) -> list[str]:
 def report(args: argparse.Namespace, lib: pd.DataFrame, lib_totals: dict[str, Any], har: pd.DataFrame,
            har_totals: dict[str, Any], run_dir: Path) -> None:
     common = lib.index.intersection(har.index)
-    if len(common) < len(har):
+    partial = len(common) < len(har)
+    if partial:
         print(f"note: the library side has {len(common)} of the harness side's {len(har)} images; compared on those")
     lib, har = lib.loc[common], har.loc[common]
     n = len(common)
     print(f"\n== {args.defense}, images [{args.start}, {args.stop}) (n = {n}), ε = {args.eps:.5g}, seed {args.seed}; "
           f"harness {args.battery} ({run_dir}) vs pyautoattack AutoAttack(version='standard') ==")
+    cells = {}
     for name, side in (("pyautoattack", lib), (args.battery, har)):
         k = int(side.robust.sum())
         iv = clopper_pearson(k, n)
-        print(f"robust accuracy, {name}: {k}/{n} = {100 * k / n:.2f}% [{100 * iv.low:.2f}, {100 * iv.high:.2f}]")
+        cells[name] = f"{100 * k / n:.2f} [{100 * iv.low:.2f}, {100 * iv.high:.2f}]"
+        print(f"robust accuracy, {name}: {k}/{n} = {cells[name]}%")
     cmp = compare_paired(har.robust.to_numpy(), lib.robust.to_numpy())
     d = cmp.difference
-    print(f"paired difference {args.battery} - pyautoattack: {100 * d.estimate:+.2f} points [{100 * d.low:+.2f}, "
-          f"{100 * d.high:+.2f}] ({d.method}; exact McNemar p = {cmp.p_value:.3g})")
-    for who, mask in (("pyautoattack breaks, " + args.battery + " does not", lib.robust.lt(har.robust)),
-                      (args.battery + " breaks, pyautoattack does not", har.robust.lt(lib.robust))):
+    cells["difference"] = f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}]"
+    print(f"paired difference {args.battery} - pyautoattack: {cells['difference']} points ({d.method}; exact McNemar "
+          f"p = {cmp.p_value:.3g})")
+    one_sided = []
+    for who, side, mask in (("pyautoattack breaks, " + args.battery + " does not", lib, lib.robust.lt(har.robust)),
+                            (args.battery + " breaks, pyautoattack does not", har, har.robust.lt(lib.robust))):
         rows = common[mask.to_numpy()]
+        one_sided.append(len(rows))
         print(f"\nsamples {who}: {len(rows)}")
         for i in rows:
-            side = lib if who.startswith("pyautoattack") else har
             print(f"  {i}: broken by {side.by[i]} at ℓ∞ {side.linf[i]:.5f}")
-    lib_passes = sum(sum(v.values()) for v in lib_totals["passes"].values()) / n
-    har_passes = float(har.passes.sum()) / n
-    print(f"\npasses per image (attacks only): pyautoattack {lib_passes:,.0f} "
+    passes = (sum(sum(v.values()) for v in lib_totals["passes"].values()) / n, float(har.passes.sum()) / n)
+    stages = har_totals["stage_passes"].reindex(common).sum() / n
+    print(f"\npasses per image (attacks only): pyautoattack {passes[0]:,.0f} "
           f"({', '.join(f'{a} {sum(v.values()) / n:,.0f}' for a, v in lib_totals['passes'].items())}); "
-          f"{args.battery} {har_passes:,.0f} "
-          f"({', '.join(f'{a} {v / n:,.0f}' for a, v in har_totals['passes'].items())}); "
-          f"ratio {har_passes / max(lib_passes, 1e-9):.3f}")
-    # a run resumed (or already complete) has no wall time of its own here: its records' attack seconds stand in
-    mine, what = ((har_totals["record_seconds"], "the records' time_s: the run was resumed") if har_totals["resumed"]
-                  else (har_totals["wall_seconds"], "wall, this session"))
-    print(f"seconds: pyautoattack {lib_totals['wall_seconds']:.1f} (wall; {lib_totals['chunks']} chunks; load after "
-          f"each: {lib_totals['load'][:3]}{' ...' if len(lib_totals['load']) > 3 else ''}), {args.battery} "
-          f"{mine:.1f} ({what}; {har_totals['load'][0]} before, {har_totals['load'][1]} after); ratio "
-          f"{mine / max(lib_totals['wall_seconds'], 1e-9):.3f}")
+          f"{args.battery} {passes[1]:,.0f} ({', '.join(f'{a} {v:,.0f}' for a, v in stages.items())}); "
+          f"ratio {passes[1] / max(passes[0], 1e-9):.3f}")
+    seconds = _seconds(args, lib_totals, har, har_totals, resumed=har_totals["resumed"] or partial)
     for line in malt_statistic(run_dir, har):
         print(line)
+    print("\nrow for docs/presets.md: | defense | n | pyautoattack robust % | fast robust % | difference (points) | "
+          "pyautoattack only | fast only | passes/image pyautoattack, fast (ratio) | seconds pyautoattack, fast (ratio) |")
+    print(f"| {_slug(args.defense)} | {n:,} | {cells['pyautoattack']} | {cells[args.battery]} | {cells['difference']} | "
+          f"{one_sided[0]} | {one_sided[1]} | {passes[0]:,.0f}, {passes[1]:,.0f} ({passes[1] / max(passes[0], 1e-9):.3f}) "
+          f"| {seconds} |")
+
+
+def _seconds(args: argparse.Namespace, lib_totals: dict[str, Any], har: pd.DataFrame, har_totals: dict[str, Any], *,
+             resumed: bool) -> str:
+    """Prints the seconds of both sides and their ratio; returns the table cell. A run resumed, already complete or
+    compared on part of its images has no wall time of its own here: its records' seconds over the compared images
+    stand in (each stage's time shared equally by its attempted samples)."""
+    mine, what = ((float(har.seconds.sum()), "the records' time_s over these images") if resumed
+                  else (har_totals["wall_seconds"], "wall, this session"))
+    ratio = mine / max(lib_totals["wall_seconds"], 1e-9)
+    print(f"seconds: pyautoattack {lib_totals['wall_seconds']:.1f} (wall; {lib_totals['chunks']} chunks; load after "
+          f"each: {lib_totals['load'][:3]}{' ...' if len(lib_totals['load']) > 3 else ''}), {args.battery} "
+          f"{mine:.1f} ({what}; {har_totals['load'][0]} before, {har_totals['load'][1]} after); ratio {ratio:.3f}")
+    return f"{lib_totals['wall_seconds']:,.0f}, {mine:,.0f}{'*' if resumed else ''} ({ratio:.3f})"
 
 
 def _slug(defense: str) -> str:
