@@ -127,6 +127,7 @@ def malt_statistic(run_dir: Path, harness: pd.DataFrame) -> list[str]:
                     stages.setdefault(name, {}).setdefault(key, []).extend(values)
     for name, per in stages.items():
         frame = pd.DataFrame(per).set_index("index")
+        frame = frame[frame.index.isin(harness.index)]  # the compared images only
         broke = (frame.broken_by_target >= 0).to_numpy()
         differ = (frame.targets.map(tuple) != frame.targets_by_logits.map(tuple)).to_numpy()
         other = np.array([t not in lg for t, lg in zip(frame.broken_by_target, frame.targets_by_logits)], bool)
