@@ -98,6 +98,15 @@ def harness_side(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]
     load_before, t0 = load_text(), time.perf_counter()
     run_dir = runner.run(cfg, force_resume=args.force_resume)
     wall = time.perf_counter() - t0
+    table, per_stage = harness_records(run_dir)
+    totals = {"stage_passes": per_stage, "wall_seconds": wall, "load": [load_before, load_text()], "resumed": resumed}
+    return table, totals, run_dir
+
+
+def harness_records(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From a run's records, per sample: robust (under ``all``), the stage that broke it, its ℓ∞ distance, the
+    passes of the attack stages and the seconds (each stage's time shared equally by its attempted rows); and the
+    passes per sample and attack stage."""
     recs = load_records(run_dir)
     wc = worst_case(recs, "all")
     first = np.argmax(wc.cumulative <= 0, axis=1)  # the first stage whose worst case reached 0
@@ -109,13 +118,11 @@ def harness_side(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]
     attacks = recs[recs.stage > 0].assign(p=lambda r: r[list(PASS_COLUMNS)].sum(axis=1))
     per_stage = attacks.pivot_table(index="index", columns="attack", values="p", aggfunc="sum", sort=False)
     table["passes"] = per_stage.sum(axis=1)
-    table["seconds"] = recs.groupby("index").time_s.sum()  # a stage's time is shared equally by its attempted rows
-    totals = {"stage_passes": per_stage.fillna(0.0), "wall_seconds": wall, "load": [load_before, load_text()],
-              "resumed": resumed}
-    return table, totals, run_dir
+    table["seconds"] = recs.groupby("index").time_s.sum()
+    return table, per_stage.fillna(0.0)
 
 
-def malt_statistic(run_dir: Path, harness: pd.DataFrame) -> list[str]:
+def malt_statistic(run_dir: Path, harness: pd.DataFrame, library: pd.DataFrame) -> list[str]:
     """Lines on APGD-T with MALT targets: where MALT chose differently from the logits' order, which target broke."""
     lines = []
     stages: dict[str, dict[str, list[Any]]] = {}
@@ -140,52 +147,73 @@ def malt_statistic(run_dir: Path, harness: pd.DataFrame) -> list[str]:
         lines.append(f"  of the {int(sel.sum())} broken where they differ: broken by a target outside the logits' top "
                      f"{k} on {int((sel & other).sum())}, by one inside it on {int((sel & ~other).sum())}; "
                      f"by MALT's first choice on {int((sel & first).sum())}")
+        rank = pd.Series([ts.index(t) + 1 if t >= 0 else 0 for t, ts in zip(frame.broken_by_target, frame.targets)],
+                         index=frame.index)
+        library_broke = ~library.robust.reindex(frame.index, fill_value=True).to_numpy(bool)
+        lines.append(f"  broken by MALT's target 1, 2, ... {k}: {', '.join(str(int((rank == r).sum())) for r in range(1, k + 1))}; "
+                     "with fewer targets, breaks pyautoattack also makes that would be missed: " + ", ".join(
+                         f"{r} target(s) {int(((rank > r) & library_broke).sum())}" for r in range(1, k)))
     return lines
+
+
+def comparison(lib: pd.DataFrame, lib_totals: dict[str, Any], har: pd.DataFrame) -> dict[str, Any]:
+    """Both sides on the images they share: n, robust accuracy of each with its 95% Clopper-Pearson interval, the
+    paired difference (harness - library) and McNemar's p, the samples only one side breaks, the passes per image."""
+    common = lib.index.intersection(har.index)
+    lib, har = lib.loc[common], har.loc[common]
+    n = len(common)
+    out: dict[str, Any] = {"n": n, "common": common, "robust": {}}
+    for name, side in (("library", lib), ("harness", har)):
+        k = int(side.robust.sum())
+        iv = clopper_pearson(k, n)
+        out["robust"][name] = (k, f"{100 * k / n:.2f} [{100 * iv.low:.2f}, {100 * iv.high:.2f}]")
+    cmp = compare_paired(har.robust.to_numpy(), lib.robust.to_numpy())
+    d = cmp.difference
+    out["difference"] = (f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}]", d.method, cmp.p_value)
+    out["library only"] = list(common[lib.robust.lt(har.robust).to_numpy()])
+    out["harness only"] = list(common[har.robust.lt(lib.robust).to_numpy()])
+    out["passes"] = (sum(sum(v.values()) for v in lib_totals["passes"].values()) / n, float(har.passes.sum()) / n)
+    return out
+
+
+def table_row(defense: str, c: dict[str, Any]) -> str:
+    """The comparison's row of the docs' table, up to (not including) the seconds."""
+    lp, hp = c["passes"]
+    return (f"| {defense} | {c['n']:,} | {c['robust']['library'][1]} | {c['robust']['harness'][1]} | "
+            f"{c['difference'][0]} | {len(c['library only'])} | {len(c['harness only'])} | "
+            f"{lp:,.0f}, {hp:,.0f} ({hp / max(lp, 1e-9):.3f}) |")
 
 
 def report(args: argparse.Namespace, lib: pd.DataFrame, lib_totals: dict[str, Any], har: pd.DataFrame,
            har_totals: dict[str, Any], run_dir: Path) -> None:
-    common = lib.index.intersection(har.index)
-    partial = len(common) < len(har)
-    if partial:
-        print(f"note: the library side has {len(common)} of the harness side's {len(har)} images; compared on those")
-    lib, har = lib.loc[common], har.loc[common]
-    n = len(common)
+    c = comparison(lib, lib_totals, har)
+    n, common = c["n"], c["common"]
+    if n < len(har):
+        print(f"note: the library side has {n} of the harness side's {len(har)} images; compared on those")
     print(f"\n== {args.defense}, images [{args.start}, {args.stop}) (n = {n}), ε = {args.eps:.5g}, seed {args.seed}; "
           f"harness {args.battery} ({run_dir}) vs pyautoattack AutoAttack(version='standard') ==")
-    cells = {}
-    for name, side in (("pyautoattack", lib), (args.battery, har)):
-        k = int(side.robust.sum())
-        iv = clopper_pearson(k, n)
-        cells[name] = f"{100 * k / n:.2f} [{100 * iv.low:.2f}, {100 * iv.high:.2f}]"
-        print(f"robust accuracy, {name}: {k}/{n} = {cells[name]}%")
-    cmp = compare_paired(har.robust.to_numpy(), lib.robust.to_numpy())
-    d = cmp.difference
-    cells["difference"] = f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}]"
-    print(f"paired difference {args.battery} - pyautoattack: {cells['difference']} points ({d.method}; exact McNemar "
-          f"p = {cmp.p_value:.3g})")
-    one_sided = []
-    for who, side, mask in (("pyautoattack breaks, " + args.battery + " does not", lib, lib.robust.lt(har.robust)),
-                            (args.battery + " breaks, pyautoattack does not", har, har.robust.lt(lib.robust))):
-        rows = common[mask.to_numpy()]
-        one_sided.append(len(rows))
-        print(f"\nsamples {who}: {len(rows)}")
-        for i in rows:
+    for name, side in (("pyautoattack", "library"), (args.battery, "harness")):
+        k, cell = c["robust"][side]
+        print(f"robust accuracy, {name}: {k}/{n} = {cell}%")
+    cell, method, p = c["difference"]
+    print(f"paired difference {args.battery} - pyautoattack: {cell} points ({method}; exact McNemar p = {p:.3g})")
+    for who, side, key in (("pyautoattack breaks, " + args.battery + " does not", lib, "library only"),
+                           (args.battery + " breaks, pyautoattack does not", har, "harness only")):
+        print(f"\nsamples {who}: {len(c[key])}")
+        for i in c[key]:
             print(f"  {i}: broken by {side.by[i]} at ℓ∞ {side.linf[i]:.5f}")
-    passes = (sum(sum(v.values()) for v in lib_totals["passes"].values()) / n, float(har.passes.sum()) / n)
     stages = har_totals["stage_passes"].reindex(common).sum() / n
-    print(f"\npasses per image (attacks only): pyautoattack {passes[0]:,.0f} "
+    lp, hp = c["passes"]
+    print(f"\npasses per image (attacks only): pyautoattack {lp:,.0f} "
           f"({', '.join(f'{a} {sum(v.values()) / n:,.0f}' for a, v in lib_totals['passes'].items())}); "
-          f"{args.battery} {passes[1]:,.0f} ({', '.join(f'{a} {v:,.0f}' for a, v in stages.items())}); "
-          f"ratio {passes[1] / max(passes[0], 1e-9):.3f}")
-    seconds = _seconds(args, lib_totals, har, har_totals, resumed=har_totals["resumed"] or partial)
-    for line in malt_statistic(run_dir, har):
+          f"{args.battery} {hp:,.0f} ({', '.join(f'{a} {v:,.0f}' for a, v in stages.items())}); "
+          f"ratio {hp / max(lp, 1e-9):.3f}")
+    seconds = _seconds(args, lib_totals, har.loc[common], har_totals, resumed=har_totals["resumed"] or n < len(har))
+    for line in malt_statistic(run_dir, har.loc[common], lib.loc[common]):
         print(line)
     print("\nrow for docs/presets.md: | defense | n | pyautoattack robust % | fast robust % | difference (points) | "
           "pyautoattack only | fast only | passes/image pyautoattack, fast (ratio) | seconds pyautoattack, fast (ratio) |")
-    print(f"| {_slug(args.defense)} | {n:,} | {cells['pyautoattack']} | {cells[args.battery]} | {cells['difference']} | "
-          f"{one_sided[0]} | {one_sided[1]} | {passes[0]:,.0f}, {passes[1]:,.0f} ({passes[1] / max(passes[0], 1e-9):.3f}) "
-          f"| {seconds} |")
+    print(f"{table_row(_slug(args.defense), c)} {seconds} |")
 
 
 def _seconds(args: argparse.Namespace, lib_totals: dict[str, Any], har: pd.DataFrame, har_totals: dict[str, Any], *,
