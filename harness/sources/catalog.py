@@ -77,11 +77,15 @@ def _given_indices(total: int, n: int | str | None, given: Sequence[int]) -> lis
 def parse_indices(text: str) -> list[int]:
     """``--indices``: a file of dataset indices (integers separated by commas, spaces or newlines) or such a list."""
     path = Path(text).expanduser()
-    body = path.read_text() if path.is_file() else text
+    try:
+        is_file = path.is_file()
+    except OSError:  # a list longer than a file name may be (ENAMETOOLONG) is a list, not a path
+        is_file = False
+    body = path.read_text() if is_file else text
     try:
         return [int(tok) for tok in body.replace(",", " ").split()]
     except ValueError:
-        where = f"file {str(path)!r}" if path.is_file() else repr(text)
+        where = f"file {str(path)!r}" if is_file else repr(text)
         raise UsageError(f"--indices {where}: expected dataset indices separated by commas, spaces or newlines "
                          "(e.g. 0,5,17), or a file holding them") from None
 

@@ -6,7 +6,7 @@ import pytest
 import torchvision
 
 from harness.sources import datasets as data
-from harness.sources.catalog import select_indices
+from harness.sources.catalog import parse_indices, select_indices
 from harness.sources.datasets import load_test_set, resolve_root
 
 
@@ -90,3 +90,10 @@ def test_select_indices_deterministic_sorted_and_validated():
     for bad in (0, 51, "many"):
         with pytest.raises(ValueError, match="--n"):
             select_indices(50, bad)
+
+
+def test_indices_given_as_a_list_longer_than_a_file_name_are_read_as_a_list(tmp_path):
+    listed = list(range(5500, 6000))  # about 2,500 characters: the file check alone raises ENAMETOOLONG
+    assert parse_indices(",".join(map(str, listed))) == listed
+    (tmp_path / "ids.txt").write_text("3\n1 2")
+    assert parse_indices(str(tmp_path / "ids.txt")) == [3, 1, 2]
