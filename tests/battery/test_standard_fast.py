@@ -89,7 +89,8 @@ def test_malt_costs_one_gradient_per_candidate_and_autoattack_order_is_unchanged
 # -- the battery ----------------------------------------------------------------------------------------------------
 def _small(entries: list[dict], **replace: dict) -> list[dict]:
     """standard-fast's entries with tiny budgets (or another attack for some entries), schedule kept."""
-    small = {"apgd-ce-5": {"steps": 1}, "apgd-ce": {"steps": 2}, "apgd-t-malt": {"steps": 3}, "fab-t": {"steps": 2}, "square": {"queries": 20}}
+    small = {"apgd-ce-5": {"steps": 1}, "apgd-ce": {"steps": 2}, "apgd-t-malt": {"steps": 3}, "apgd-t-malt-2": {"steps": 3},
+             "fab-t": {"steps": 2}, "square": {"queries": 20}}
     out = []
     for e in entries:
         e = {**e, "options": {**e.get("options", {}), **small[e["name"]]}}
@@ -105,14 +106,15 @@ def _fast_cfg(root, out, battery, **kw) -> RunConfig:
     return RunConfig(**base)
 
 
-def test_standard_fast_is_apgd_then_malt_targets_then_fab_and_square_probed():
+def test_standard_fast_is_apgd_then_malt_targets_twice_then_fab_and_square_probed():
     specs = {s.name: s for s in resolve_battery("standard-fast")}
-    assert list(specs) == ["apgd-ce-5", "apgd-ce", "apgd-t-malt", "fab-t", "square"]
+    assert list(specs) == ["apgd-ce-5", "apgd-ce", "apgd-t-malt", "apgd-t-malt-2", "fab-t", "square"]
     # a cheap rung first, then AutoAttack's full APGD-CE on every sample it left robust
     assert [specs[n].build(8 / 255, "Linf").steps for n in ("apgd-ce-5", "apgd-ce")] == [5, 100]
     t = specs["apgd-t-malt"].build(8 / 255, "Linf")
     assert (t.target_order, t.targets, t.steps) == ("malt", 3, 100)
-    assert [specs[n].probe for n in specs] == [None, None, None, 16, 16]
+    assert specs["apgd-t-malt-2"].to_dict() == {**specs["apgd-t-malt"].to_dict(), "name": "apgd-t-malt-2"}  # a 2nd start
+    assert [specs[n].probe for n in specs] == [None, None, None, None, 16, 16]
     standard = [s.to_dict() for s in resolve_battery("standard")]  # AutoAttack's schedule is kept as it was
     assert [e["name"] for e in standard] == ["apgd-ce", "apgd-t", "fab-t", "square"]
     assert standard[1]["options"] == {"steps": 100, "restarts": 1, "targets": 9}
