@@ -38,17 +38,19 @@ def broken_per_seed(args: argparse.Namespace) -> dict[str, list[list[int]]]:
 
     x, y = load_test_set("cifar10", args.data_root).get(args.indices)
     model = create_defense(args.defense).eval()
-    out: dict[str, list[list[int]]] = {"pyautoattack apgd-t (9 logit targets)": [], "harness apgd-t (3 MALT targets)": []}
+    library_rows: list[list[int]] = []
+    harness_rows: list[list[int]] = []
     for seed in range(args.seeds):
         t0 = time.perf_counter()
         library = APGDAttack_targeted(model, n_iter=100, norm="Linf", n_restarts=1, eps=args.eps, seed=seed,
                                       n_target_classes=9, device=x.device)
-        mine = APGDTargeted(eps=args.eps, targets=3, target_order="malt").run(Target(model), x, y, seed=seed)
+        library_adv = library.perturb(x, y)
+        harness_adv = APGDTargeted(eps=args.eps, targets=3, target_order="malt").run(Target(model), x, y, seed=seed).x_adv
         with torch.no_grad():
-            for (name, rows), adv in zip(out.items(), (library.perturb(x, y), mine.x_adv)):
-                rows.append((model(adv).argmax(1) != y).int().tolist())
-        print(f"seed {seed}: {[rows[-1] for rows in out.values()]} ({time.perf_counter() - t0:.1f} s)", flush=True)
-    return out
+            library_rows.append((model(library_adv).argmax(1) != y).int().tolist())
+            harness_rows.append((model(harness_adv).argmax(1) != y).int().tolist())
+        print(f"seed {seed}: {library_rows[-1]}, {harness_rows[-1]} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return {"pyautoattack apgd-t (9 logit targets)": library_rows, "harness apgd-t (3 MALT targets)": harness_rows}
 
 
 def main() -> None:
