@@ -167,6 +167,9 @@ class RunStore:
         self.dir = Path(run_dir)
         self.records_dir = self.dir / "records"
         self.adv_dir = self.dir / "adversarials"
+        # when the run last finished and its record files then, as :meth:`open` found them: a start that changes no
+        # record (the same command on a finished run) keeps that time (:meth:`finish`)
+        self._at_open: tuple[str | None, dict[str, tuple[int, int]]] = (None, {})
 
     # -- locks -----------------------------------------------------------------------------
     def run_lock(self) -> contextlib.AbstractContextManager[bool]:
@@ -220,6 +223,7 @@ class RunStore:
             "batch_sizes": prov.get("batch_sizes") or [{"batch_size": cfg.batch_size, "from": "start"}],
             "started": prov.get("started") or _now(), "finished": None}
         _write_json(self.dir / "provenance.json", self._provenance)
+        self._at_open = (prov.get("finished"), self._record_files())
         return resuming
 
     def write_config(self, cfg: RunConfig) -> None:
@@ -231,8 +235,13 @@ class RunStore:
         check_codes(flags, source=str(self.dir / "diagnostics.json"))
         _write_json(self.dir / "diagnostics.json", flags)
         prov = load_provenance(self.dir)
-        prov["finished"] = _now()
+        before, files = self._at_open
+        prov["finished"] = before if before and files == self._record_files() else _now()
         _write_json(self.dir / "provenance.json", prov)
+
+    def _record_files(self) -> dict[str, tuple[int, int]]:
+        """Each shard file's modification time and size: any shard written (by any process) changes them."""
+        return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in self.records_dir.glob("shard-*")}
 
     # -- shards ----------------------------------------------------------------------------
     def shard_path(self, shard: int, suffix: str = ".parquet") -> Path:

@@ -153,6 +153,23 @@ def test_resume_with_other_package_versions_is_refused(tiny_data_root, tmp_path,
         runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="v"), defense=_tiny())
 
 
+def test_rerunning_a_finished_run_keeps_when_it_finished_and_a_recomputed_shard_moves_it(tiny_data_root, tmp_path,
+                                                                                          monkeypatch):
+    """The same command on a finished run only reads it back: ``finished`` stays when its records were completed
+    (the new start is listed in ``sessions``); a shard computed again moves it."""
+    from harness.store import rundir
+
+    run_dir = runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="f"), defense=_tiny())
+    first = json.loads((run_dir / "provenance.json").read_text())["finished"]
+    monkeypatch.setattr(rundir, "_now", lambda: "2099-01-01T00:00:00+00:00")  # any later start or finish
+    assert runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="f"), defense=_tiny()) == run_dir
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["finished"] == first and len(prov["sessions"]) == 2
+    (run_dir / "records" / "shard-00000.parquet").unlink()
+    runner.run(_cfg(tiny_data_root, tmp_path, n=16, run_id="f"), defense=_tiny())
+    assert json.loads((run_dir / "provenance.json").read_text())["finished"] == "2099-01-01T00:00:00+00:00"
+
+
 def test_resume_after_a_commit_of_only_records_or_docs_is_not_refused(tiny_data_root, tmp_path, monkeypatch):
     """A long run whose records are committed between sessions resumes without --force-resume: a new commit that
     changes no code changes no result. An edit of the harness's code (committed or not) is refused."""
