@@ -241,7 +241,8 @@ class RunStore:
 
     def _record_files(self) -> dict[str, tuple[int, int]]:
         """Each shard file's modification time and size: any shard written (by any process) changes them."""
-        return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in self.records_dir.glob("shard-*")}
+        stats = {p.name: p.stat() for p in self.records_dir.glob("shard-*")}
+        return {name: (s.st_mtime_ns, s.st_size) for name, s in stats.items()}
 
     # -- shards ----------------------------------------------------------------------------
     def shard_path(self, shard: int, suffix: str = ".parquet") -> Path:
