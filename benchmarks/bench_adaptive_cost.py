@@ -46,12 +46,12 @@ from harness.battery.presets import resolve_battery  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.stats.criteria import BUILTIN_CRITERIA  # noqa: E402
 from harness.stats.paired import compare_paired, compare_paired_scores  # noqa: E402
-from harness.stats.scoring import worst_case  # noqa: E402
+from harness.stats.plateau import tolerance_of  # noqa: E402
+from harness.stats.scoring import WorstCase, worst_case  # noqa: E402
 from harness.store.rundir import load_config, load_records  # noqa: E402
 
 CRITERIA = [c.name for c in BUILTIN_CRITERIA]  # the columns of this benchmark's tables
 
-STRICTNESS = {"all": 0, "majority": 1, "mean": 2}  # a run deciding by c is exact under c and the stricter criteria
 
 
 def scaled(battery: str, factor: float) -> list[dict[str, Any]]:
@@ -86,15 +86,26 @@ def run_battery(args: argparse.Namespace, battery: str) -> Path:
     return run_dir
 
 
-def summary(run_dir: Path) -> tuple[pd.DataFrame, str]:
-    """Per sample: worst case under each criterion and the passes and seconds spent; and the run's decide_by."""
+def summary(run_dir: Path) -> tuple[pd.DataFrame, dict[str, WorstCase]]:
+    """Per sample: worst case under each criterion and the passes and seconds spent; and each criterion's worst case
+    (whether it is an upper bound, the plateau rule's bound), judged with the run's own tolerance."""
     recs = load_records(run_dir)
-    cases = {c: worst_case(recs, c) for c in CRITERIA}
+    tolerance = tolerance_of(load_config(run_dir).to_dict())
+    cases = {c: worst_case(recs, c, tolerance=tolerance) for c in CRITERIA}
     out = pd.DataFrame({c: pd.Series(wc.worst, index=wc.index) for c, wc in cases.items()})
     per = recs.assign(passes=recs[list(PASS_COLUMNS)].sum(axis=1))
     out["passes"] = per.groupby("index")["passes"].sum()
     out["seconds"] = recs.groupby("index")["time_s"].sum()
-    return out, str(load_config(run_dir).decide_by or "mean")
+    return out, cases
+
+
+def _mark(wc: WorstCase) -> str:
+    return "<=" if wc.worst_is_upper_bound else ""
+
+
+def _plateau(wc: WorstCase) -> str:
+    r = wc.removal
+    return "-" if r is None else f"{100 * r.bound:.2f} ({r.stopped} stopped, {r.probed} probed)"
 
 
 def main() -> None:
@@ -102,6 +113,9 @@ def main() -> None:
     add_run_options(p)
     p.add_argument("--old", default="adaptive", help="the full battery: preset name or battery file [adaptive]")
     p.add_argument("--new", default="adaptive-fast", help="the cheap schedule [adaptive-fast]")
+    p.add_argument("--old-run", type=Path, default=None,
+                   help="a finished run directory to read as the old side instead of computing --old (e.g. one\n"
+                        "written in an earlier run format, which the harness reads but does not resume)")
     p.add_argument("--only", choices=("old", "new"), default=None,
                    help="compute only this battery's run, then exit (e.g. start the cheap run on a core the full\n"
                         "run's last shard leaves idle); the comparison is printed by a run without --only")
@@ -112,22 +126,30 @@ def main() -> None:
     if args.only:
         run_battery(args, args.old if args.only == "old" else args.new)
         return
-    (old, old_rule), (new, new_rule) = (summary(run_battery(args, b)) for b in (args.old, args.new))
+    old_dir = args.old_run if args.old_run is not None else run_battery(args, args.old)
+    new_dir = run_battery(args, args.new)
+    (old, old_cases), (new, new_cases) = summary(old_dir), summary(new_dir)
+    if not old.index.equals(new.index):
+        raise SystemExit(f"the two runs hold different images ({old_dir}: {len(old)}, {new_dir}: {len(new)}); compare "
+                         "runs of the same images")
+    rule = {d: str(load_config(d).decide_by or "mean") for d in (old_dir, new_dir)}
     print(f"\n== {args.defense} {args.defense_opt or ''}, n = {args.n}, seed {args.seed}, eps {args.eps:.5g}; "
-          f"old = {args.old} (decide_by {old_rule}), new = {args.new} (decide_by {new_rule}); {load_text()} ==")
+          f"old = {old_dir if args.old_run else args.old} (decide_by {rule[old_dir]}), new = {args.new} (decide_by "
+          f"{rule[new_dir]}); {load_text()} ==")
     table = old.add_suffix(" old").join(new.add_suffix(" new"))
     print("\nper sample (worst case per criterion; passes = network passes spent on the sample over every stage):")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))
-    print("\n| criterion | old | new | broken by old only | broken by new only | new - old, 95% interval |")
-    print("|---|---|---|---|---|---|")
+    print("\n| criterion | old | new | broken by old only | broken by new only | lower in old | lower in new | "
+          "new - old, 95% interval | new: plateau bound, points |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for c in CRITERIA:
         a, b = new[c].to_numpy(), old[c].to_numpy()
         cmp = compare_paired(a, b) if c != "mean" else compare_paired_scores(a, b)
-        mark = {r: "<=" if STRICTNESS[c] > STRICTNESS[rule] else "" for r, rule in (("old", old_rule), ("new", new_rule))}
         d = cmp.difference
-        print(f"| {c} | {mark['old']}{100 * b.mean():.1f}% | {mark['new']}{100 * a.mean():.1f}% | "
-              f"{int(np.sum((b == 0) & (a > 0)))} | {int(np.sum((a == 0) & (b > 0)))} | "
-              f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}] ({d.method}, p = {cmp.p_value:.3g}) |")
+        print(f"| {c} | {_mark(old_cases[c])}{100 * b.mean():.1f}% | {_mark(new_cases[c])}{100 * a.mean():.1f}% | "
+              f"{int(np.sum((b == 0) & (a > 0)))} | {int(np.sum((a == 0) & (b > 0)))} | {int(np.sum(b < a))} | "
+              f"{int(np.sum(a < b))} | {100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}] ({d.method}, "
+              f"p = {cmp.p_value:.3g}) | {_plateau(new_cases[c])} |")
     po, pn, so, sn = old.passes.sum(), new.passes.sum(), old.seconds.sum(), new.seconds.sum()
     print(f"\npasses per sample: old {po / len(old):,.0f}, new {pn / len(new):,.0f}, old / new {po / max(pn, 1):.2f}")
     print(f"attack seconds (records' time_s): old {so:,.0f}, new {sn:,.0f}, old / new {so / max(sn, 1e-9):.2f}")

@@ -61,7 +61,7 @@ def _stochastic_html(table: Table) -> str:
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in stochastic_cells(label, cmp)) + "</tr>"
                    for label, cmp in rows)
     return (f"<h2>Stochastic defenses</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f"<p>{escape(note())}</p>")
+            f"<p>{escape(note(rows))}</p>")
 
 
 def render_html(table: Table) -> str:

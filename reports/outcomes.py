@@ -14,6 +14,7 @@ import pandas as pd
 from harness.api.flags import FlagCode
 from harness.api.records import BUDGET_COLUMNS, PROBE_SKIP
 from harness.stats.criteria import DEFAULT_REPORT_CRITERION, Criterion, get_criterion
+from harness.stats.plateau import tolerance_of
 from harness.stats.scoring import eval_draws, stages, worst_case
 
 WORST = "worst-case"
@@ -49,7 +50,7 @@ def outcome_table(records: pd.DataFrame, criterion: str | Criterion = DEFAULT_RE
     ``cumulative`` and ``upper_bound`` (column -> True when that column is only an upper bound:
     the records skipped a sample whose worst case so far was above 0, see :mod:`harness.stats.scoring`).
     """
-    wc = worst_case(records, criterion)
+    wc = worst_case(records, criterion, tolerance=tolerance_of(config))
     if cumulative is None:
         cumulative = is_cascade(records, config)
     out = pd.DataFrame(index=pd.Index(wc.index, name="index"))
@@ -62,6 +63,7 @@ def outcome_table(records: pd.DataFrame, criterion: str | Criterion = DEFAULT_RE
     bounds[WORST] = wc.worst_is_upper_bound
     out.attrs["cumulative"] = bool(cumulative)
     out.attrs["upper_bound"] = bounds
+    out.attrs["removal"] = wc.removal
     return out
 
 
@@ -76,6 +78,8 @@ def stage_flags(records: pd.DataFrame, diagnostics: list[dict[str, Any]]) -> dic
         reasons = rows["skipped"].fillna("").astype(str) if "skipped" in rows.columns else pd.Series([], dtype=str)
         if ((reasons != "") & ~reasons.str.startswith(PROBE_SKIP)).any():  # a probe raises probe-only instead
             f.append(FlagCode.STAGE_SKIPPED.value)
+        if "plateau" in rows.columns and rows["plateau"].fillna("").astype(bool).any():
+            f.append(FlagCode.PLATEAU.value)
         flags[attack] = f
     for diag in diagnostics:
         code = str(diag.get("code") or "diagnostic")

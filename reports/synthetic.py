@@ -64,7 +64,8 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
                 "restarts": restarts if stage else 0, "eot": eot if stage else 0, "grad_mode": grad_mode if stage else "",
                 "queries": queries if stage else 0, "noise_samples": noise_samples, "step_size": step_size if stage else 0.0,
                 "schedule": schedule if stage else "", "loss_fn": loss_fn if stage else "", "eot_rule": "",
-                "eot_source": "default" if stage else "", "grad_source": "default" if stage else "", "seed": seed, "skipped": ""})
+                "eot_source": "default" if stage else "", "grad_source": "default" if stage else "", "seed": seed, "skipped": "",
+                "plateau": "", "plateau_preds": []})
         if stage:
             alive &= still_attackable(correct_draws, finite) & attempted  # the runner's cascade rule
         else:

@@ -240,7 +240,25 @@ def columns_note(table: Table) -> str:
                      f"{seq['population']:,} samples: its intervals are anytime-valid confidence sequences, CS[low, "
                      "high], which hold at a data-dependent stop; a fixed-n interval would not. "
                      + _scope_sentence(seq))
-    return text + verdict_note(table)
+    return text + verdict_note(table) + plateau_note(table)
+
+
+def plateau_note(table: Table) -> str:
+    """Per row whose run stopped samples by the plateau rule: how many, what the probe found, the 95% bound on what
+    the full budget would still remove, and whether the numbers are verdicts."""
+    text = ""
+    for row in table.rows:
+        r = row.outcomes.attrs.get("removal")
+        if r is None:
+            continue
+        verdict = ("below the run's tolerance of " + pct(r.tolerance) + " points: the numbers are verdicts" if r.verdict
+                   else "not below the run's tolerance of " + pct(r.tolerance) + " points: the numbers from the first "
+                   "stopped sample on are upper bounds (≤)")
+        text += (f" {row.label}: the plateau rule parked {r.parked:,} samples whose score stopped falling over a rung "
+                 f"and stopped {r.stopped:,}; the {r.probed:,} given the full budget anyway (a random share) lost "
+                 f"{pct(r.removed_by_probe / max(r.n, 1))} points, so the full budget would remove at most "
+                 f"{pct(r.bound)} points more from the others (95%; expected {pct(r.estimate)}), {verdict}.")
+    return text
 
 
 def verdict_note(table: Table) -> str:

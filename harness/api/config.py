@@ -39,7 +39,8 @@ NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id"
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
                                 "compile": False, "module_mode": None, "probe_gradients": True, "about": None,
                                 "threat": "lp", "corruptions": None, "severities": None,
-                                "band": None, "decide_by": DEFAULT_DECIDE_BY, "subset": None, "resize": None, "crop": None,
+                                "band": None, "decide_by": DEFAULT_DECIDE_BY,
+                                "plateau_probe": None, "plateau_tolerance": None, "subset": None, "resize": None, "crop": None,
                                 "interpolation": None}
 
 
@@ -85,6 +86,13 @@ class RunConfig:
     # criterion; "majority" or "all", cheaper, the more lenient criteria then upper bounds); None: not given (the
     # battery file's decide_by, else DEFAULT_DECIDE_BY; a stored config without it predates the field and ran so)
     decide_by: str | None = None
+    # the plateau rule (harness.stats.plateau): in stages in rungs a sample whose score under decide_by stopped
+    # falling over a rung stops, except for a random share plateau_probe of them, which goes on with the full budget
+    # and bounds what the others would still lose; None: not given (the battery file's value, else no rule)
+    plateau_probe: float | None = None
+    # the bound (in points of accuracy) below which a number with stopped samples is a verdict, not an upper bound;
+    # None: not given (the battery file's value, else 1 point)
+    plateau_tolerance: float | None = None
     attacks: str | None = None  # None: not given (prepare() picks rand for stochastic defenses, else standard)
     attack_opts: dict[str, Any] = field(default_factory=dict)
     battery: list[dict[str, Any]] = field(default_factory=list)
@@ -156,6 +164,8 @@ RULES: dict[str, Rule] = {
     "autocast": Rule(choices=AUTOCAST_MODES),
     "module_mode": Rule(choices=("eval", "train")),
     "about": Rule(choices=tuple(s.value for s in Scope)),
+    "plateau_probe": Rule(low=0, high=1, low_open=True),
+    "plateau_tolerance": Rule(low=0, high=100, low_open=True, unit="(points of accuracy)"),
 }
 
 

@@ -46,6 +46,7 @@ class FlagCode(str, Enum):
     UPPER_BOUND = "upper-bound"  # reports: a cascade skipped a sample that still had correct draws
     STAGE_SKIPPED = "stage-skipped"  # reports: a stage was not run on some shards, its gradient mode found dead
     PROBE_ONLY = "probe-only"  # a probed stage broke none of its probe, so it did not attack the other samples
+    PLATEAU = "plateau"  # reports: the plateau rule stopped samples whose score stopped falling
 
     def __str__(self) -> str:
         return self.value
@@ -176,6 +177,11 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
         "the stage was not run on some shards (its gradient mode was found dead); its column repeats the one "
         "before.",
         "read the escalation columns; to run every stage anyway: `harness run --no-skip-dead-gradients`."),
+    FlagCode.PLATEAU: Explanation(
+        "the plateau rule stopped attacking samples whose score stopped falling over a rung; a random share of them "
+        "got the full budget anyway, and the notes give the 95% bound on what it would still remove from the "
+        "others: below the run's tolerance the numbers are verdicts, else upper bounds (≤).",
+        "for a tighter bound give a larger `--plateau-probe` (1 gives every stopped sample the full budget)."),
     FlagCode.PROBE_ONLY: Explanation(
         "the attack ran on a random probe of the samples still robust and broke none, so it did not attack the "
         "others; the flag's value bounds (95%) the share of them it would have broken.",

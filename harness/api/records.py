@@ -60,6 +60,10 @@ _EOT_RULE = ("how the EOT draws varied: empty when every gradient took `eot` dra
 _GRAD = ("gradient mode through the purifier (`full`, `bpda`, `surrogate`, or `none` for attacks that use no "
          "gradients of the defense) and where it came from (`attack`, `attack-option`, `run`, `battery`, `default`, "
          "or `probe`: moved off a mode the first-batch gradient probe found dead)")
+_PLATEAU = ("in a stage where the sample's score stopped falling over a rung under a plateau rule ([plateau]("
+            "presets.md#the-plateau-rule-stop-what-stopped-falling-probe-the-rest)): `stopped` (not attacked further in "
+            "the stage; its evaluation is that rung's) or `probed` (given the stage's full budget all the same), with "
+            "the predictions of that rung's R draws; empty elsewhere and in records written before the rule")
 PROBE_SKIP = "probe:"  # the start of `skipped` on samples a probed stage did not attack (harness.run.schedule)
 _K, _O, _T, _P, _B, _V = (ColumnKind.KEY, ColumnKind.OUTCOME, ColumnKind.TIMING, ColumnKind.PASSES, ColumnKind.BUDGET,
                           ColumnKind.PROVENANCE)
@@ -123,6 +127,8 @@ RECORD_COLUMNS: tuple[Column, ...] = (
                                 "attempted and the cascade carries every sample past it unchanged (version 2); "
                                 "`probe: ...` on the samples a probed stage did not attack because its probe broke "
                                 "none ([`probe-only`](flags.md#probe-only))"),
+    Column("plateau", _STR, _V, _PLATEAU, ""),
+    Column("plateau_preds", pa.list_(_I64), _V, _PLATEAU, ()),
 )
 
 SCHEMA = pa.schema([(c.name, c.type) for c in RECORD_COLUMNS])
@@ -152,6 +158,8 @@ def not_attempted(n: int) -> dict[str, Any]:
             out[column.name] = null_where(column, np.zeros(n), np.ones(n, dtype=bool))
         elif isinstance(value, tuple):
             out[column.name] = [list(value) for _ in range(n)]
+        elif isinstance(value, str):
+            out[column.name] = [value] * n
         elif value is not None:
             out[column.name] = np.full(n, value, dtype=bool if isinstance(value, bool) else float)
     return out

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.api.attack import ATTACKS
-from harness.api.config import load_toml, parse_literal
+from harness.api.config import check_values, load_toml, parse_literal
 from harness.battery.catalog import list_presets, preset_dirs, preset_entries, preset_path
 from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec, attack_opt_target
-from harness.errors import MissingInputError, UsageError, did_you_mean
-from harness.stats.criteria import criterion_names
+from harness.errors import ConfigError, MissingInputError, UsageError, did_you_mean
 
 ESCALATION_PREFIX = "esc-"  # the names of escalation attacks (harness.diagnostics.escalation)
 
@@ -27,15 +26,27 @@ def battery_file(attacks: str, preset_dir: Path | None = None) -> Path | None:
     return preset_path(attacks, [preset_dir] if preset_dir else preset_dirs())
 
 
+# the run settings a battery file may set at its top, as the run's defaults when the command sets none
+BATTERY_SETTINGS = ("decide_by", "plateau_probe", "plateau_tolerance")
+
+
+def battery_settings(attacks: str, preset_dir: Path | None = None) -> dict[str, Any]:
+    """The run settings (:data:`BATTERY_SETTINGS`) a battery file sets at its top, checked against the run's schema;
+    empty for attack names or a file that sets none."""
+    path = battery_file(attacks, preset_dir)
+    data = {} if path is None else load_toml(path)
+    found = {key: data[key] for key in BATTERY_SETTINGS if key in data}
+    try:
+        check_values(found, source=f"battery file {str(path)!r}")
+    except ConfigError as e:  # a setting the run cannot take: the battery file is the user's input to fix
+        raise UsageError(str(e)) from None
+    return found
+
+
 def battery_decide_by(attacks: str, preset_dir: Path | None = None) -> str | None:
     """The ``decide_by`` a battery file sets (the run's default for ``--decide-by``); None when it sets none."""
-    path = battery_file(attacks, preset_dir)
-    value = None if path is None else load_toml(path).get("decide_by")
-    accepted = criterion_names()  # the stop rule it was laid out for: a registered criterion
-    if value is not None and value not in accepted:
-        raise UsageError(f"battery file {str(path)!r}: decide_by = {value!r}{did_you_mean(str(value), accepted)}; "
-                         f"accepted: {', '.join(accepted)}")
-    return value
+    value = battery_settings(attacks, preset_dir).get("decide_by")
+    return None if value is None else str(value)
 
 
 def unknown_name(name: str, preset_dir: Path | None = None) -> str:

@@ -77,7 +77,7 @@ def _open(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str, Any]]
     cfg = context.config
     x, y = host.data.get(indices, context.device)
     anchors = host.data.get(indices, context.device)[0]  # re-read: what the verdict checks the balls against
-    batch = ShardBatch(shard, as_input(x, cfg.channels_last), y, host.batching.size, anchors)
+    batch = ShardBatch(shard, as_input(x, cfg.channels_last), y, host.batching.size, anchors, tuple(indices))
     key = {"first_stage": work.plans[0].stage if work.plans else 0, "names": [p.name for p in work.plans],
            "indices": [int(i) for i in indices], "batch_size": batch.batch_size}  # other batch sizes: not continued
     stored = load_partial(host.store.records_dir, shard, key)

@@ -134,6 +134,7 @@ class ShardBatch:
     y: Tensor
     batch_size: int
     anchors: Tensor | None = None
+    indices: tuple[int, ...] = ()  # the samples' dataset indices (what the plateau rule's coins are drawn for)
 
     def seed(self, context: RunContext, stage: int, purpose: int) -> int:
         """The seed of ``purpose`` for ``stage`` of this shard."""

@@ -148,7 +148,8 @@ def _extend(host: ShardHost, shard: int, indices: list[int], stage: StagePlan, r
     anchors = host.data.get(indices, context.device)[0]
     rest = torch.tensor(deferred, device=context.device)
     host.progress.stage_start(shard=shard, n_shards=host.n_shards, stage=stage.name, attempted=int(deferred.sum()))
-    batch = ShardBatch(shard, as_input(x, context.config.channels_last), y, host.batching.size, anchors)
+    batch = ShardBatch(shard, as_input(x, context.config.channels_last), y, host.batching.size, anchors,
+                       tuple(indices))
     outcome, cols, _ = run_stage(context, stage, batch, rest, part=1)
     part = merge_rows(part, frame(cols, indices, y, shard, stage.stage, stage.name), deferred)
     side["diagnostics"].extend(flag_dict(f, outcome) for f in diagnostics.after_stage(outcome))

@@ -25,9 +25,12 @@ from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.stage import StageOutcome, finish_stage
 from harness.run.verdict import Agreement
+from harness.stats.plateau import PlateauMark, coins
 
 # per attempted sample: the evaluation of its last rung, and what it cost
-_KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "violation", "differ", "open", "seconds")
+_KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "violation", "differ", "open", "seconds",
+         "score", "plateau", "plateau_preds")
+_MARKS = (PlateauMark.NONE, PlateauMark.STOPPED, PlateauMark.PROBED)  # the codes of p["plateau"], in this order
 
 
 def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_before: Tensor, *,
@@ -70,10 +73,11 @@ def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robu
         _keep(p, rows, judged, spent, seconds)
         decided = ~judged.ev.attackable_under(decide_by)
         p["open"][rows[decided]] = False
+        parked = _plateau(context, s, p, (rows, r), judged, decided)
         weight = rows.numel() / max(n_att, 1)  # the rung's trace among its rows, as a share of all attempted ones
         p["trace"] += [weight * v for v in traced.extras.get("acc_trace") or []]
         p["log"].append({"iterations": until, "attempted": int(rows.numel()), "robust_after": int(rows.numel() -
-                         decided.sum()), "passes": {k: v / max(rows.numel(), 1) for k, v in spent.items()}})
+                         decided.sum()), "passes": {k: v / max(rows.numel(), 1) for k, v in spent.items()}, **parked})
         p["rung"] = r + 1
         if save is not None and r + 1 < len(bounds):
             save(_snapshot(p, s))
@@ -83,7 +87,41 @@ def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robu
     judged = Judged(p["x_eval"], ev, p["projected"], p["violation"], agreement)
     passes = {k: p["passes"].get(k, torch.zeros(n_att, dtype=torch.float64)) for k in s.target.budget.counts()}
     outcome, cols, _ = finish_stage(s, robust_before, result, judged, passes, p["seconds"])
+    _record_plateau(s, p, cols)
     return outcome, cols, p["log"]
+
+
+def _plateau(context: RunContext, s: StageSetup, p: dict[str, Any], at: tuple[Tensor, int], judged: Judged,
+             decided: Tensor) -> dict[str, int]:
+    """The plateau rule after rung ``r`` on its ``rows`` (:mod:`harness.stats.plateau`): a sample still attackable
+    whose score did not fall since the rung before is parked; its coin sends it on with the stage's full budget
+    (probed) or stops it for the rest of the stage. Returns how many of each (nothing without the rule or at the
+    first rung)."""
+    rows, r = at
+    score = judged.ev.score(context.decide_by).to(p["score"].dtype)
+    probe = context.config.plateau_probe
+    flat = (~decided) & (score >= p["score"][rows]) & (p["plateau"][rows] == 0)
+    p["score"][rows] = score
+    if probe is None or r == 0 or not bool(flat.any()):
+        return {}
+    if len(s.batch.indices) != s.batch.x.shape[0]:
+        raise ValueError("the plateau rule needs the dataset indices of the shard's samples (ShardBatch.indices)")
+    dataset_index = torch.as_tensor(s.batch.indices, dtype=torch.long)[s.idx.cpu()][rows.cpu()]
+    heads = torch.from_numpy(coins(context.seed, dataset_index.numpy()) < probe).to(flat.device)
+    at_rows = rows[flat]
+    p["plateau"][at_rows] = torch.where(heads[flat], _MARKS.index(PlateauMark.PROBED), _MARKS.index(PlateauMark.STOPPED))
+    p["plateau_preds"][at_rows] = judged.ev.preds[flat]
+    p["open"][rows[flat & ~heads]] = False
+    return {"stopped": int((flat & ~heads).sum()), "probed": int((flat & heads).sum())}
+
+
+def _record_plateau(s: StageSetup, p: dict[str, Any], cols: dict[str, Any]) -> None:
+    """The parked samples' ``plateau`` and ``plateau_preds`` columns (a stopped sample's evaluation is the one of
+    its plateau; later stages attack it as any other)."""
+    for row in p["plateau"].nonzero().squeeze(1).tolist():
+        at = int(s.idx[row])
+        cols["plateau"][at] = _MARKS[int(p["plateau"][row])].value
+        cols["plateau_preds"][at] = p["plateau_preds"][row].tolist()
 
 
 def _start(s: StageSetup, repeats: int) -> dict[str, Any]:
@@ -97,6 +135,9 @@ def _start(s: StageSetup, repeats: int) -> dict[str, Any]:
             "ev_margin": torch.zeros(n_att, device=dev), "projected": torch.zeros(n_att, dtype=torch.bool, device=dev),
             "violation": torch.zeros(n_att, device=dev), "differ": torch.zeros(n_att, dtype=torch.bool, device=dev),
             "open": torch.ones(n_att, dtype=torch.bool, device=dev),
+            "score": torch.zeros(n_att, dtype=torch.float64, device=dev),
+            "plateau": torch.zeros(n_att, dtype=torch.long, device=dev),
+            "plateau_preds": torch.full(shape, -1, dtype=torch.long, device=dev),
             "seconds": torch.zeros(n_att, dtype=torch.float64), "significant": False, "p": float("nan")}
 
 

@@ -23,7 +23,7 @@ from harness.api.defense import Defense, create_defense
 from harness.api.frontend import FrontEnd
 from harness.api.threatspec import ThreatSpec
 from harness.battery.catalog import default_preset
-from harness.battery.presets import battery_decide_by, resolve_battery
+from harness.battery.presets import battery_settings, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.isolated import start_server
@@ -44,6 +44,7 @@ from harness.run.shards import RunShards
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import DataSource
 from harness.stats.criteria import DEFAULT_DECIDE_BY
+from harness.stats.plateau import DEFAULT_TOLERANCE
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
@@ -119,12 +120,25 @@ def _resolve_battery(cfg: RunConfig, defense: Defense) -> RunConfig:
         log.info("no --attacks given: using the %r battery for this %s defense", attacks,
                  "stochastic" if defense.stochastic else "deterministic")
     battery = cfg.battery or [s.to_dict() for s in resolve_battery(attacks, cfg.attack_opts)]
-    cfg = dataclasses.replace(cfg, attacks=attacks, battery=battery,
-                              decide_by=cfg.decide_by or battery_decide_by(attacks) or DEFAULT_DECIDE_BY)  # the stop rule
+    cfg = _with_battery_settings(dataclasses.replace(cfg, attacks=attacks, battery=battery))
     specs = [AttackSpec.from_dict(s) for s in battery]
     check_schedule(specs, cfg.eps, cfg.norm, every_attack=cfg.every_attack, sequential=cfg.until is not None)
     check_battery(specs, defense, cfg)
     return cfg
+
+
+def _with_battery_settings(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the stop rules the command left open taken from its battery file: ``decide_by`` (else the
+    default), and the plateau rule with its tolerance (default 1 point) when either sets a probe."""
+    settings = battery_settings(str(cfg.attacks))
+    probe = cfg.plateau_probe if cfg.plateau_probe is not None else settings.get("plateau_probe")
+    tolerance = cfg.plateau_tolerance if cfg.plateau_tolerance is not None else settings.get("plateau_tolerance")
+    if probe is not None and cfg.every_attack:
+        raise UsageError("the plateau rule (plateau_probe) stops samples inside a cascade; it cannot be combined "
+                         "with --every-attack, which attacks every sample with every attack")
+    return dataclasses.replace(cfg, decide_by=cfg.decide_by or settings.get("decide_by") or DEFAULT_DECIDE_BY,
+                               plateau_probe=None if probe is None else float(probe),
+                               plateau_tolerance=None if probe is None else float(tolerance or 100 * DEFAULT_TOLERANCE))
 
 
 def slice_shards(n_shards: int, shard_slice: tuple[int, int] | None) -> list[int]:

@@ -31,6 +31,7 @@ from harness.battery.spec import AttackSpec
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verified, verify
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement
+from harness.stats.plateau import PlateauMark
 
 
 @dataclass
@@ -180,7 +181,7 @@ def _record_columns(n: int, idx: Tensor, attempted: np.ndarray, ev: Evaluation,
     return {"attempted": attempted, "preds": _preds_lists(ev.preds, idx, n),
             **{c.name: null_where(c, full(getattr(ev, c.name), 0, torch.float64), ~attempted) for c in NULLABLE},
             **{name: full(v, MISSING[name], dtype) for name, (v, dtype) in per_row.items()},
-            **stage_wide, "skipped": ""}
+            **stage_wide, "skipped": "", "plateau": [PlateauMark.NONE.value] * n, "plateau_preds": [[] for _ in range(n)]}
 
 
 def _preds_lists(preds: Tensor, idx: Tensor, n: int) -> list[list[int]]:

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from harness.stats.criteria import DEFAULT_DECIDE_BY, Criterion, get_criterion
+from harness.stats.plateau import DEFAULT_TOLERANCE, PlateauMark, Removal, coins, removal
 
 
 def stage_score(correct: np.ndarray, criterion: str | Criterion, finite: np.ndarray | None = None) -> np.ndarray:
@@ -94,6 +95,14 @@ def attackable_after(records: pd.DataFrame, decide_by: str | Criterion = DEFAULT
     return pd.Series(wc.worst > 0, index=wc.index)
 
 
+def _plateau_marks(records: pd.DataFrame) -> np.ndarray:
+    """Per record row, its ``plateau`` mark (:mod:`harness.stats.plateau`; "" in records without the column)."""
+    if "plateau" not in records.columns:
+        return np.full(len(records), PlateauMark.NONE.value, dtype=object)
+    marks: np.ndarray = records["plateau"].fillna("").astype(str).to_numpy(dtype=object)
+    return marks
+
+
 def stages(records: pd.DataFrame) -> list[tuple[int, str]]:
     """``(stage, attack)`` pairs in battery order, clean (stage 0) first."""
     pairs = records[["stage", "attack"]].drop_duplicates().sort_values("stage")
@@ -107,7 +116,10 @@ class WorstCase:
     ``alone[:, j]`` is the score at stage j (0 where that stage did not attempt the sample);
     ``cumulative[:, j]`` the worst case over the clean stage and the attempted stages up to j;
     ``upper_bound[j]`` is True when some sample was skipped at a stage up to j while its worst
-    case so far was above 0, so ``cumulative[:, j]`` may be too high.
+    case so far was above 0, so ``cumulative[:, j]`` may be too high. Under the plateau rule ``removal`` bounds what
+    the full budget would still take from the samples stopped in a stage (:mod:`harness.stats.plateau`; None in a
+    run without the rule), and the columns from the first stage that parked a sample on are upper bounds only when
+    that bound reaches the run's tolerance.
     """
 
     criterion: Criterion
@@ -116,6 +128,7 @@ class WorstCase:
     alone: np.ndarray  # (n, stages)
     cumulative: np.ndarray  # (n, stages)
     upper_bound: np.ndarray  # (stages,) bool
+    removal: Removal | None = None
 
     @property
     def worst(self) -> np.ndarray:
@@ -127,7 +140,7 @@ class WorstCase:
         return bool(self.upper_bound[-1])
 
 
-def _one_seed(records: pd.DataFrame, crit: Criterion) -> WorstCase:
+def _one_seed(records: pd.DataFrame, crit: Criterion, tolerance: float = DEFAULT_TOLERANCE) -> WorstCase:
     pairs = stages(records)
     if not pairs or pairs[0] != (0, "clean"):
         raise ValueError("records have no clean stage (stage 0, attack 'clean')")
@@ -155,21 +168,49 @@ def _one_seed(records: pd.DataFrame, crit: Criterion) -> WorstCase:
         upper[j] = upper[j - 1] or bool(np.any(~tried[:, j] & ~skipped[:, j] & (worst > 0)))
         worst = np.where(tried[:, j], np.minimum(worst, alone[:, j]), worst)
         cumulative[:, j] = worst
-    return WorstCase(crit, index, tuple(name for _, name in pairs), alone, cumulative, upper)
+    names = tuple(name for _, name in pairs)
+    marks = _plateau_marks(records)
+    found = _removal(records[marks == PlateauMark.PROBED.value], crit, (index, column, alone, tried),
+                     np.unique(records["index"].to_numpy()[marks != PlateauMark.NONE.value]), tolerance)
+    if found is not None and not found.verdict:
+        upper[min(column[int(s)] for s in records["stage"].to_numpy()[marks != PlateauMark.NONE.value]):] = True
+    return WorstCase(crit, index, names, alone, cumulative, upper, found)
 
 
-def worst_case_by_seed(records: pd.DataFrame, criterion: str | Criterion) -> dict[int, WorstCase]:
-    """:class:`WorstCase` of each recorded seed (key 0 when the records have no ``seed`` column)."""
+def _removal(probed: pd.DataFrame, crit: Criterion, table: tuple[np.ndarray, dict[int, int], np.ndarray, np.ndarray],
+             parked: np.ndarray, tolerance: float) -> Removal | None:
+    """What the full budget took from the probed samples (``probed``: their rows at the stages where they were
+    parked) and the bound on what it would take from the stopped ones (:func:`harness.stats.plateau.removal`); None
+    when no sample was parked. A probed sample's loss is its worst case had it stopped at every stage where it was
+    parked (that stage's score the one at its plateau) minus its worst case with the full budget."""
+    index, column, alone, tried = table
+    if parked.size == 0:
+        return None
+    as_stopped = np.where(tried, alone, np.inf)
+    rows = np.searchsorted(index, probed["index"].to_numpy())
+    cols = probed["stage"].map(column).to_numpy()
+    at_plateau = probed.assign(preds=probed["plateau_preds"].to_numpy(), finite=True)
+    as_stopped[rows, cols] = row_scores(at_plateau, crit)
+    who = np.unique(rows)
+    lost = as_stopped[who].min(axis=1) - np.where(tried, alone, np.inf)[who].min(axis=1)
+    seed = int(probed["seed"].iloc[0]) if "seed" in probed.columns and len(probed) else 0
+    return removal(lost, coins(seed, index[who]), len(parked), len(index), tolerance=tolerance)
+
+
+def worst_case_by_seed(records: pd.DataFrame, criterion: str | Criterion, *,
+                       tolerance: float = DEFAULT_TOLERANCE) -> dict[int, WorstCase]:
+    """:class:`WorstCase` of each recorded seed (key 0 when the records have no ``seed`` column); ``tolerance``:
+    the run's ``plateau_tolerance`` (:mod:`harness.stats.plateau`)."""
     crit = get_criterion(criterion)
     if "seed" not in records.columns:
-        return {0: _one_seed(records, crit)}
-    return {int(s): _one_seed(g, crit) for s, g in records.groupby("seed", sort=True)}
+        return {0: _one_seed(records, crit, tolerance)}
+    return {int(s): _one_seed(g, crit, tolerance) for s, g in records.groupby("seed", sort=True)}
 
 
-def worst_case(records: pd.DataFrame, criterion: str | Criterion) -> WorstCase:
+def worst_case(records: pd.DataFrame, criterion: str | Criterion, *, tolerance: float = DEFAULT_TOLERANCE) -> WorstCase:
     """Per-sample scores under ``criterion``; several seeds are several runs of the battery, and
     every column is the minimum over them."""
-    parts = list(worst_case_by_seed(records, criterion).values())
+    parts = list(worst_case_by_seed(records, criterion, tolerance=tolerance).values())
     first = parts[0]
     if len(parts) == 1:
         return first

@@ -9,13 +9,14 @@ score already carries its draw noise, so the bootstrap over samples covers both 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from harness.stats.criteria import DEFAULT_REPORT_CRITERION, MEAN, criterion_names
 from harness.stats.intervals import Interval, headline_interval
+from harness.stats.plateau import DEFAULT_TOLERANCE, Removal
 from harness.stats.scoring import eval_draws, worst_case, worst_case_by_seed
 
 
@@ -29,6 +30,7 @@ class CriteriaComparison:
     draw_dependent: float  # share of samples whose worst-case mean score is strictly between 0 and 1
     seed_accuracies: dict[int, float]
     seed_std: float | None
+    removal: dict[str, Removal | None] = field(default_factory=dict)  # criterion -> the plateau rule's bound
 
 
 def between_seed_std(records: pd.DataFrame, criterion: str = DEFAULT_REPORT_CRITERION) -> tuple[dict[int, float], float | None]:
@@ -41,13 +43,14 @@ def between_seed_std(records: pd.DataFrame, criterion: str = DEFAULT_REPORT_CRIT
 
 
 def compare_criteria(records: pd.DataFrame, *, confidence: float = 0.95, seed: int = 0,
-                     n_resamples: int = 10_000) -> CriteriaComparison:
-    """Worst-case accuracy under every registered criterion, with the headline interval each."""
-    results = {c: worst_case(records, c) for c in criterion_names()}
+                     n_resamples: int = 10_000, tolerance: float = DEFAULT_TOLERANCE) -> CriteriaComparison:
+    """Worst-case accuracy under every registered criterion, with the headline interval each (and the plateau
+    rule's bound, judged against ``tolerance``, where the run stopped samples by it)."""
+    results = {c: worst_case(records, c, tolerance=tolerance) for c in criterion_names()}
     intervals = {c: headline_interval(wc.worst, confidence=confidence, seed=seed, n_resamples=n_resamples)
                  for c, wc in results.items()}
     upper = {c: wc.worst_is_upper_bound for c, wc in results.items()}
     mean = results[MEAN.name].worst
     per_seed, std = between_seed_std(records)
     return CriteriaComparison(eval_draws(records), intervals, upper, float(np.mean((mean > 0) & (mean < 1))),
-                              per_seed, std)
+                              per_seed, std, {c: wc.removal for c, wc in results.items()})

@@ -14,7 +14,7 @@ def nulls(records: pd.DataFrame) -> pd.DataFrame:
 def upgrade(records: pd.DataFrame) -> pd.DataFrame:
     """Attack records of an older format version in the current columns: ``skipped`` (version 2) is "" (ran);
     records written before the ``threat`` and ``band`` columns ran under an ℓp ball (``lp``, band 0), those before
-    ``eot_rule`` with a fixed EOT (""); the scores of samples a stage did not attempt, false / 0 before version 3,
+    ``eot_rule`` with a fixed EOT (""), those before ``plateau`` with no sample parked; the scores of samples a stage did not attempt, false / 0 before version 3,
     are null."""
     if "stage" in records.columns:
         records = nulls(records)
@@ -25,4 +25,7 @@ def upgrade(records: pd.DataFrame) -> pd.DataFrame:
             records["band"] = pd.Series(0, index=records.index, dtype="int64")
         if "eot_rule" not in records.columns:  # written before adaptive EOT: every gradient took `eot` draws
             records["eot_rule"] = ""
+        if "plateau" not in records.columns:  # written before the plateau rule: no sample was parked
+            records["plateau"] = ""
+            records["plateau_preds"] = [[] for _ in range(len(records))]
     return records
