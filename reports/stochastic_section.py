@@ -50,7 +50,7 @@ NOTE = ("Stochastic defenses: worst-case accuracy (%) when a sample counts as ro
         "bootstrap over samples, or Clopper-Pearson where the bootstrap cannot resolve the tail; ≤: upper bound). "
         "Draw-dependent samples: share of samples whose worst-case fraction of robust draws is strictly between "
         "0 and 1.")
-PLATEAU_NOTE = (" (plateau −B): the run stopped samples whose score stopped falling (the plateau rule), and the full "
+PLATEAU_NOTE = (" (plateau −B): the run stopped samples a rung moved nowhere (the plateau rule), and the full "
                 "budget would remove at most B points more (95%); the cell is a verdict when B is below the run's "
                 "tolerance, else ≤.")
 

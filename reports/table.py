@@ -254,7 +254,7 @@ def plateau_note(table: Table) -> str:
         verdict = ("below the run's tolerance of " + pct(r.tolerance) + " points: the numbers are verdicts" if r.verdict
                    else "not below the run's tolerance of " + pct(r.tolerance) + " points: the numbers from the first "
                    "stopped sample on are upper bounds (≤)")
-        text += (f" {row.label}: the plateau rule parked {r.parked:,} samples whose score stopped falling over a rung "
+        text += (f" {row.label}: the plateau rule parked {r.parked:,} samples a rung moved nowhere (score and margin) "
                  f"and stopped {r.stopped:,}; the {r.probed:,} given the full budget anyway (a random share) lost "
                  f"{pct(r.removed_by_probe / max(r.n, 1))} points, so the full budget would remove at most "
                  f"{pct(r.bound)} points more from the others (95%; expected {pct(r.estimate)}), {verdict}.")

@@ -46,7 +46,7 @@ class FlagCode(str, Enum):
     UPPER_BOUND = "upper-bound"  # reports: a cascade skipped a sample that still had correct draws
     STAGE_SKIPPED = "stage-skipped"  # reports: a stage was not run on some shards, its gradient mode found dead
     PROBE_ONLY = "probe-only"  # a probed stage broke none of its probe, so it did not attack the other samples
-    PLATEAU = "plateau"  # reports: the plateau rule stopped samples whose score stopped falling
+    PLATEAU = "plateau"  # reports: the plateau rule stopped samples a rung moved nowhere
 
     def __str__(self) -> str:
         return self.value
@@ -178,7 +178,7 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
         "before.",
         "read the escalation columns; to run every stage anyway: `harness run --no-skip-dead-gradients`."),
     FlagCode.PLATEAU: Explanation(
-        "the plateau rule stopped attacking samples whose score stopped falling over a rung; a random share of them "
+        "the plateau rule stopped attacking samples a rung moved nowhere (score and margin); a random share of them "
         "got the full budget anyway, and the notes give the 95% bound on what it would still remove from the "
         "others: below the run's tolerance the numbers are verdicts, else upper bounds (≤).",
         "for a tighter bound give a larger `--plateau-probe` (1 gives every stopped sample the full budget)."),

@@ -60,7 +60,7 @@ _EOT_RULE = ("how the EOT draws varied: empty when every gradient took `eot` dra
 _GRAD = ("gradient mode through the purifier (`full`, `bpda`, `surrogate`, or `none` for attacks that use no "
          "gradients of the defense) and where it came from (`attack`, `attack-option`, `run`, `battery`, `default`, "
          "or `probe`: moved off a mode the first-batch gradient probe found dead)")
-_PLATEAU = ("in a stage where the sample's score stopped falling over a rung under a plateau rule ([plateau]("
+_PLATEAU = ("in a stage where a rung moved the sample nowhere under a plateau rule ([plateau]("
             "presets.md#the-plateau-rule-stop-what-stopped-falling-probe-the-rest)): `stopped` (not attacked further in "
             "the stage; its evaluation is that rung's) or `probed` (given the stage's full budget all the same), with "
             "the predictions of that rung's R draws; empty elsewhere and in records written before the rule")

@@ -59,8 +59,8 @@ RUN_HELP: dict[str, str] = {
                  "correct (exact under every report criterion), all until the first wrong draw (cheapest, exact under "
                  "--criterion all, the other criteria upper bounds) [default: the battery file's decide_by, else "
                  f"{DEFAULT_DECIDE_BY}]",
-    "plateau_probe": "the plateau rule: in stages in rungs, stop attacking a sample once its score under the "
-                     "decide_by criterion did not fall over a rung, except for this random share of them (in (0, 1]),"
+    "plateau_probe": "the plateau rule: in stages in rungs, stop attacking a sample once a rung neither lowered its "
+                     "score under the decide_by criterion nor raised its margin, except for this random share of them (in (0, 1]),"
                      " which gets the full budget and bounds what the others would still lose [default: the battery "
                      "file's plateau_probe, else no rule]",
     "plateau_tolerance": "with the plateau rule: the 95%% bound (points of accuracy) on what the full budget would "

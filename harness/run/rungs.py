@@ -29,7 +29,7 @@ from harness.stats.plateau import PlateauMark, coins
 
 # per attempted sample: the evaluation of its last rung, and what it cost
 _KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "violation", "differ", "open", "seconds",
-         "score", "plateau", "plateau_preds")
+         "score", "margin", "plateau", "plateau_preds")
 _MARKS = (PlateauMark.NONE, PlateauMark.STOPPED, PlateauMark.PROBED)  # the codes of p["plateau"], in this order
 
 
@@ -94,14 +94,17 @@ def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robu
 def _plateau(context: RunContext, s: StageSetup, p: dict[str, Any], at: tuple[Tensor, int], judged: Judged,
              decided: Tensor) -> dict[str, int]:
     """The plateau rule after rung ``r`` on its ``rows`` (:mod:`harness.stats.plateau`): a sample still attackable
-    whose score did not fall since the rung before is parked; its coin sends it on with the stage's full budget
+    whose score did not fall and whose margin did not rise since the rung before is parked; its coin sends it on with the stage's full budget
     (probed) or stops it for the rest of the stage. Returns how many of each (nothing without the rule or at the
     first rung)."""
     rows, r = at
     score = judged.ev.score(context.decide_by).to(p["score"].dtype)
+    margin = judged.ev.margin.to(p["margin"].dtype)  # best other logit - true logit, mean over the R draws
     probe = context.config.plateau_probe
-    flat = (~decided) & (score >= p["score"][rows]) & (p["plateau"][rows] == 0)
-    p["score"][rows] = score
+    # neither the score fell nor the margin rose: the rung moved the sample nowhere (a sample correct in every draw
+    # keeps score 1 while the attack pushes its margin towards the boundary: that is still falling)
+    flat = (~decided) & (score >= p["score"][rows]) & (margin <= p["margin"][rows]) & (p["plateau"][rows] == 0)
+    p["score"][rows], p["margin"][rows] = score, margin
     if probe is None or r == 0 or not bool(flat.any()):
         return {}
     if len(s.batch.indices) != s.batch.x.shape[0]:
@@ -136,6 +139,7 @@ def _start(s: StageSetup, repeats: int) -> dict[str, Any]:
             "violation": torch.zeros(n_att, device=dev), "differ": torch.zeros(n_att, dtype=torch.bool, device=dev),
             "open": torch.ones(n_att, dtype=torch.bool, device=dev),
             "score": torch.zeros(n_att, dtype=torch.float64, device=dev),
+            "margin": torch.zeros(n_att, dtype=torch.float64, device=dev),
             "plateau": torch.zeros(n_att, dtype=torch.long, device=dev),
             "plateau_preds": torch.full(shape, -1, dtype=torch.long, device=dev),
             "seconds": torch.zeros(n_att, dtype=torch.float64), "significant": False, "p": float("nan")}

@@ -1,7 +1,8 @@
-"""Samples stopped when their score stopped falling, and the bound on what the full budget would still remove.
+"""Samples stopped when a rung of the attack moved them nowhere, and the bound on what the full budget would still remove.
 
-A run with a plateau rule (``plateau_probe``) stops attacking a sample inside a stage in rungs once its score under
-the run's ``decide_by`` did not fall over a rung (the score after rung r is at least the score after rung r - 1).
+A run with a plateau rule (``plateau_probe``) stops attacking a sample inside a stage in rungs once a rung moved it
+nowhere: its score under the run's ``decide_by`` after rung r is at least the one after rung r - 1, and its logit
+margin (mean over the draws) no higher.
 Such a sample is *parked*. Parked samples are not assumed safe: each sample carries a coin, uniform in [0, 1) and
 fixed by (run seed, dataset index) alone (:func:`coins`), and a parked sample whose coin is below ``plateau_probe``
 is *probed*: it goes on with the stage's full budget, as without the rule. The others are *stopped* for the rest of
