@@ -125,6 +125,21 @@ def tree_data_files() -> set[str]:
     return wanted
 
 
+def check_wheel_license(wheel: Path) -> None:
+    """The wheel's metadata declares the licence of ``LICENSE`` and carries the file itself."""
+    archive = zipfile.ZipFile(wheel)
+    info = [n for n in archive.namelist() if n.split("/")[0].endswith(".dist-info")]
+    metadata = next((n for n in info if n.endswith("/METADATA")), None)
+    text = archive.read(metadata).decode() if metadata else ""
+    declared = [line for line in text.splitlines() if line.startswith("License-Expression:")]
+    if [line.split(":", 1)[1].strip() for line in declared] != ["MIT"]:
+        raise CheckFailed(f"the wheel's METADATA declares no MIT licence (found {declared or 'no License-Expression'});"
+                          " pyproject.toml's `license` must match LICENSE")
+    carried = [n for n in info if n.rsplit("/", 1)[-1] == "LICENSE"]
+    if not carried or b"MIT License" not in archive.read(carried[0]):
+        raise CheckFailed("the wheel does not carry LICENSE with the MIT text in its .dist-info (license-files)")
+
+
 def check_wheel_contents(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = {n.rsplit("/", 1)[0].replace("/", ".") for n in names if n.endswith("/__init__.py")}
@@ -247,6 +262,7 @@ def main() -> int:
         if not list(dist.glob("*.tar.gz")):
             raise CheckFailed("python -m build made no sdist")
         check_wheel_contents(wheel)
+        check_wheel_license(wheel)
         print(f"installed-check: installing {wheel.name} into a fresh environment", flush=True)
         env = fresh_venv(venv, work)
         pip_install(venv, wheel, what="pip install of the wheel", work=work, offline=True)
