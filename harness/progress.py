@@ -58,10 +58,10 @@ def progress_bar(total: int, desc: str, *, enabled: bool, position: int = 0, **k
 
 
 def shard_text(shards: int | Sequence[int], n_shards: int | None = None) -> str:
-    """How a shard, or several, is named to a user in logs, errors and reports: numbered from 0, as the shard files
-    (``records/shard-00002.parquet``) and ``--shard-slice`` number them, with the run's range when ``n_shards`` is
-    known: ``shard 2 of 0-5``, ``shards 1-3, 7 of 0-9``."""
-    values = [shards] if isinstance(shards, int) else sorted(shards)
+    """How a shard, or several, is named to a user in logs, warnings, errors and reports: its position counted from 1,
+    with the run's number of shards when known: ``shard 3 of 6``, ``shards 2-4, 8 of 10``. Shard k of a run is the
+    file ``records/shard-<k - 1>`` (files, like ``--shard-slice``, count from 0)."""
+    values = [shards + 1] if isinstance(shards, int) else sorted(s + 1 for s in shards)
     runs: list[list[int]] = []
     for v in values:
         if runs and v == runs[-1][-1] + 1:
@@ -69,7 +69,7 @@ def shard_text(shards: int | Sequence[int], n_shards: int | None = None) -> str:
         else:
             runs.append([v])
     listed = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-    of = "" if n_shards is None else " of 0" if n_shards <= 1 else f" of 0-{n_shards - 1}"
+    of = "" if n_shards is None else f" of {n_shards}"
     return f"shard{'s' * (len(values) > 1)} {listed}{of}"
 
 

@@ -91,7 +91,7 @@ class RunShards:
                     bar.refresh()
                 return work(s, idx)
 
-            return self.batching.run(attempt, f"shard {s + 1}/{self.n_shards} ({phase})")
+            return self.batching.run(attempt, f"{shard_text(s, self.n_shards)} ({phase})")
 
         return names, done, fitted
 

@@ -90,7 +90,7 @@ def test_batching_halves_until_the_work_fits_and_keeps_the_size():
 
 
 @pytest.mark.parametrize("limit, start, halvings", [
-    (16, 64, ["shard 1/1 (attacks)"] * 2),  # the first shard's clean stage runs out of memory
+    (16, 64, ["shard 1 of 1 (attacks)"] * 2),  # the first shard's clean stage runs out of memory
     (4, 16, ["the first-batch checks"] * 2),  # the first-batch checks already do (16 samples, then 8)
 ])
 def test_a_defense_out_of_memory_above_a_size_gives_the_records_of_that_batch_size(tiny_data_root, tmp_path, caplog,

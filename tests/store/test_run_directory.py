@@ -222,7 +222,7 @@ def test_report_refuses_an_interrupted_run_and_labels_it_with_partial(tiny_data_
     code, out, err = _report(run_dir, capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
-    assert str(run_dir) in err and "16 of 48 samples" in err and "shards 1-2 of 0-2" in err and "--partial" in err
+    assert str(run_dir) in err and "16 of 48 samples" in err and "shards 2-3 of 3" in err and "--partial" in err
     for fmt in ("markdown", "csv", "latex", "html"):
         code, out, err = _report(run_dir, capsys, "--partial", "--format", fmt)
         assert code == 0, err
@@ -242,7 +242,7 @@ def test_report_refuses_a_run_with_a_deleted_shard(tiny_data_root, tmp_path, cap
     assert _report(run_dir, capsys)[0] == 0
     (run_dir / "records" / "shard-00001.parquet").unlink()
     code, out, err = _report(run_dir, capsys)
-    assert code == 2 and "32 of 48 samples" in err and "missing or unfinished shard 1 of 0-2;" in err
+    assert code == 2 and "32 of 48 samples" in err and "missing or unfinished shard 2 of 3;" in err
     # rerunning the command recomputes the shard and completes the run
     again = runner.run(_cfg(tiny_data_root, tmp_path), defense=_tiny())
     assert completeness(again).complete and _report(again, capsys)[0] == 0
@@ -357,8 +357,8 @@ def test_shard_slices_started_together_give_the_records_of_one_process(user_file
     texts = [log.read_text() for log in logs]
     for p, text in zip(procs, texts):
         assert p.exitcode == 0, text
-    computed = [{int(line.split("shard ")[1].split(" ")[0]) for line in _stage_lines(text)} for text in texts]
-    assert computed == [{0, 3, 6}, set(), {2, 5}]  # each slice its own shards (as --shard-slice numbers them), nothing twice
+    computed = [{int(line.split("shard ")[1].split(" ")[0]) - 1 for line in _stage_lines(text)} for text in texts]
+    assert computed == [{0, 3, 6}, set(), {2, 5}]  # each slice its own shards (logs count from 1), nothing twice
     assert completeness(out / "sliced").complete
     pd.testing.assert_frame_equal(_comparable(load_records(out / "sliced")), _comparable(load_records(reference)))
 
@@ -412,8 +412,8 @@ def test_progress_lines_without_a_terminal(tiny_data_root, tmp_path, capsys):
     lines = _stage_lines(capsys.readouterr().err)
     assert len(lines) == 3 * 2  # one per stage per shard
     # shards are numbered as their files are (records/shard-00000.parquet), in logs as in errors
-    assert "shard 0 of 0-2, pgd-ce:" in lines[0] and "attempted" in lines[0]
-    assert [line.split("shard ")[1].split(",")[0] for line in lines] == [f"{s} of 0-2" for s in (0, 0, 1, 1, 2, 2)]
+    assert "shard 1 of 3, pgd-ce:" in lines[0] and "attempted" in lines[0]
+    assert [line.split("shard ")[1].split(",")[0] for line in lines] == [f"{s} of 3" for s in (1, 1, 2, 2, 3, 3)]
     assert all("elapsed" in line and "left" in line for line in lines)
     assert "100% of" in lines[-1] and "about 0s left" in lines[-1]
 
