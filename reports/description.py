@@ -40,6 +40,8 @@ class RunDescription:
     selection: str
     subset: str | None = None  # a named part of the dataset (robustbench-5000)
     preprocessing: str = "none"  # harness.sources.spec.Preprocess.describe()
+    empty_classes: tuple[str, ...] = ()  # classes of an image folder with no image (numbered all the same)
+    classes: int = 0  # the data's number of classes, when the provenance states it
 
     def threat_text(self) -> str:
         """``ℓ∞ ball, ε = 8/255``; ``low-frequency band (DCT frequencies max(u, v) < 8 per channel), ℓ2 ε = 1``;
@@ -68,7 +70,10 @@ class RunDescription:
         are any: ``imagenet (robustbench-5000) test split, ...; preprocessing: resize 256 (bilinear), centre crop 224``."""
         name = f"{self.dataset} ({self.subset})" if self.subset else self.dataset
         prep = f"; preprocessing: {self.preprocessing}" if self.preprocessing != "none" else ""
-        return f"{name} test split, n = {self.n:,} ({self.selection}){prep}"
+        empty = len(self.empty_classes)
+        held = (f"; {empty} of its {self.classes} classes ha{'s' if empty == 1 else 've'} no image "
+                f"({', '.join(self.empty_classes)}), numbered all the same") if empty else ""
+        return f"{name} test split, n = {self.n:,} ({self.selection}){prep}{held}"
 
     def draws_text(self) -> str:
         kind = "stochastic defense" if self.stochastic else "deterministic defense"
@@ -130,7 +135,9 @@ def describe_run(run: RunData, n: int | None = None) -> RunDescription:
         attacks=tuple(str(e.get("name") or e.get("attack")) for e in cfg.get("battery") or []),
         escalations=tuple(str(e.get("name") or e.get("attack")) for e in cfg.get("escalations") or []),
         draws=draws, stochastic=stochastic, dataset=run.dataset, n=count, selection=_selection(cfg, prov, count),
-        subset=cfg.get("subset"), preprocessing=run_preprocess(cfg).describe())
+        subset=cfg.get("subset"), preprocessing=run_preprocess(cfg).describe(),
+        empty_classes=tuple((prov.get("data") or {}).get("empty_classes") or ()),
+        classes=int((prov.get("data") or {}).get("num_classes") or 0))
 
 
 def _part(title: str, values: list[tuple[str, str]]) -> str:

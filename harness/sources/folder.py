@@ -56,6 +56,12 @@ class FolderSource:
     def classes_fixed(self) -> bool:
         return True
 
+    @property
+    def empty_classes(self) -> list[str]:
+        """The classes with no image (a folder kept empty so the others keep their numbers)."""
+        held = set(np.unique(self.y).tolist())
+        return [name for k, name in enumerate(self.class_names) if k not in held]
+
     def _decode(self, index: int) -> np.ndarray:
         rel = self.files[index]
         try:
@@ -83,22 +89,27 @@ class FolderSource:
     def describe(self) -> dict[str, Any]:
         """For provenance: the folder, the image count, the class names in index order and the preprocessing."""
         return {"kind": self.kind, "source": str(self.root), "images": len(self), "num_classes": self.num_classes,
-                "classes": self.class_names, "preprocessing": self.preprocess.describe()}
+                "classes": self.class_names, "empty_classes": self.empty_classes,
+                "preprocessing": self.preprocess.describe()}
 
 
-def _samples(root: Path, classes: dict[str, int]) -> list[tuple[str, int]]:
+def _samples(root: Path, classes: dict[str, int], *, allow_empty: bool = False) -> list[tuple[str, int]]:
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     try:
-        found = make_dataset(str(root), classes, extensions=IMG_EXTENSIONS)
+        found = make_dataset(str(root), classes, extensions=IMG_EXTENSIONS, allow_empty=allow_empty)
     except FileNotFoundError as exc:  # a class folder without images
         raise DataError(f"image folder {str(root)!r}: {exc}") from exc
+    if not found:
+        raise DataError(f"image folder {str(root)!r}: none of its {len(classes)} class folders holds an image "
+                        f"({', '.join(IMG_EXTENSIONS)})")
     return [(Path(path).relative_to(root).as_posix(), label) for path, label in found]
 
 
 def open_folder(name: str, root: Path, pre: Preprocess) -> FolderSource:
     """``imagefolder:DIR``: every image (torchvision's extensions) under DIR's class folders, classes numbered by
-    sorted folder name."""
+    sorted folder name. A class folder may be empty: keeping it keeps the other classes' numbers those of the
+    classifier's outputs (a user evaluating a subset of the classes)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
     if not root.is_dir():
@@ -108,7 +119,7 @@ def open_folder(name: str, root: Path, pre: Preprocess) -> FolderSource:
     except FileNotFoundError:
         raise DataError(f"--dataset {name}: folder {str(root)!r} holds no class folders; expected one folder per "
                         f"class holding its images ({', '.join(IMG_EXTENSIONS)})") from None
-    samples = _samples(root, to_index)
+    samples = _samples(root, to_index, allow_empty=True)
     return FolderSource(name, root, [s for s, _ in samples], np.asarray([c for _, c in samples], dtype=np.int64),
                         classes, pre)
 

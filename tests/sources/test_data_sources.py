@@ -105,6 +105,28 @@ def test_imagefolder_64x64_is_read_per_batch_with_sorted_class_folders(tmp_path,
     assert run.name == "r" and "imagefolder-tiny-imagenet" in main_run_id(tmp_path, defense_file, root)
 
 
+def test_an_empty_class_folder_keeps_the_classes_numbered(tmp_path, defense_file, capsys):
+    """A user evaluating some classes keeps every class folder, empty or not, so the labels stay the classifier's
+    outputs: the middle class is empty, the last keeps number 2, and the run's description says so."""
+    root = tmp_path / "some-classes"
+    _write_folder(root, ["ant", "zebra"], 3, (64, 64))
+    (root / "moth").mkdir()
+    data = open_source(f"imagefolder:{root}")
+    assert data.num_classes == 3 and data.class_names == ["ant", "moth", "zebra"]
+    assert data.labels.tolist() == [0] * 3 + [2] * 3 and data.empty_classes == ["moth"]
+    code, err = _run(["--defense", f"{defense_file}:make", "--defense-opt", "size=64", "--dataset",
+                      f"imagefolder:{root}", "--n", "all", "--run-id", "r"], tmp_path / "runs", capsys)
+    assert code == 0, err
+    assert load_provenance(tmp_path / "runs" / "r")["data"]["empty_classes"] == ["moth"]
+    assert main(["report", str(tmp_path / "runs" / "r")]) == 0
+    assert "1 of its 3 classes has no image (moth), numbered all the same" in capsys.readouterr().out
+    for c in ("ant", "zebra"):  # a folder with no image at all is refused, naming the folder
+        for f in (root / c).iterdir():
+            f.unlink()
+    with pytest.raises(DataError, match="none of its 3 class folders holds an image"):
+        open_source(f"imagefolder:{root}")
+
+
 def main_run_id(tmp_path: Path, defense_file: Path, root: Path) -> str:
     from harness.api.config import RunConfig
     from harness.store.rundir import make_run_id
