@@ -1,17 +1,32 @@
-"""LaTeX table, compact and paper-ready: booktabs, one column per attack (``harness report --columns`` chooses
-them), each cell the accuracy with its one headline interval in small type (``62.1 {\\scriptsize BCa[57.9, 66.3]}``),
-a less-or-equal sign before an accuracy that is only an upper bound. The Wilson interval is in the other formats."""
+"""LaTeX table that drops into a paper: booktabs, one column per attack (``harness report --columns`` chooses them),
+each cell the accuracy with its one headline interval in small type (``62.1 {\\scriptsize BCa[57.9, 66.3]}``), a
+less-or-equal sign before an accuracy that is only an upper bound. The caption states the setting (threat model, ε,
+battery, R, n, data); the interval legend and the flags are a note under the table. Needs only ``booktabs``; the
+Wilson interval is in the other formats."""
 from __future__ import annotations
+
+import re
 
 from .table import METHOD_TAGS, Table, flag_notes, pct
 
 _ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
             "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "≤": r"$\le$",
-            "ℓ": r"$\ell$", "∞": r"$\infty$", "ε": r"$\varepsilon$"}
+            "ℓ": r"$\ell$", "∞": r"$\infty$", "ε": r"$\varepsilon$", "−": "$-$", "–": "--", "—": "---",
+            "×": r"$\times$", "≥": r"$\ge$", "±": r"$\pm$", "’": "'", "“": "``", "”": "''", "·": r"$\cdot$"}
+_NORM = re.compile(r"ℓ(∞|\d+)")  # ℓ∞, ℓ2, ℓ1: one subscripted symbol
 
 
 def escape(text: str) -> str:
-    return "".join(_ESCAPES.get(ch, ch) for ch in text)
+    """``text`` for LaTeX: its special characters escaped, ℓp norms as ``$\\ell_p$``, and the other symbols the
+    reports use in math mode, so the result is ASCII."""
+    parts = _NORM.split(text)
+    out = []
+    for k, part in enumerate(parts):
+        if k % 2:  # a norm's index
+            out.append(r"$\ell_\infty$" if part == "∞" else rf"$\ell_{{{part}}}$")
+        else:
+            out.append("".join(_ESCAPES.get(ch, ch) for ch in part))
+    return "".join(out)
 
 
 def _cell(table: Table, row, column: str) -> str:
@@ -32,10 +47,11 @@ def render_latex(table: Table) -> str:
         name = escape(row.label) + (r"$^\dagger$" if row.flags else "")
         lines.append(" & ".join([name, str(row.n), *[_cell(table, row, c) for c in table.columns]]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    caption = escape(table.description() + " " + table.legend(wilson=False))
+    note = escape(table.legend(wilson=False))
     flagged = [f"{escape(r.label)}: {escape(', '.join(r.flags))}" for r in table.rows if r.flags]
     if flagged:
-        caption += r" $^\dagger$Flags: " + "; ".join(flagged) + "."
-    lines += [r"\caption{" + caption + "}", r"\end{table}"]
+        note += r" $^\dagger$Flags: " + "; ".join(flagged) + "."
+    lines += [r"\par\smallskip", r"\begin{minipage}{\linewidth}\footnotesize " + note + r"\end{minipage}",
+              r"\caption{" + escape(table.description()) + "}", r"\end{table}"]
     lines += [f"% {note}" for note in flag_notes(table)]  # for the author: what each flag means and what to do
     return "\n".join(lines) + "\n"

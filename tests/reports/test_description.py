@@ -46,10 +46,13 @@ def test_markdown_and_html_state_the_setting_above_the_table(capsys, tmp_path, f
 def test_latex_caption_states_the_setting_and_is_ready_to_paste(capsys, tmp_path):
     text = _report(capsys, DETERMINISTIC, "latex", tmp_path)
     (caption,) = re.findall(r"^\\caption\{.*\}$", text, flags=re.M)
-    assert r"Threat model: $\ell$$\infty$ ball, $\varepsilon$ = 8/255." in caption
+    assert r"Threat model: $\ell_\infty$ ball, $\varepsilon$ = 8/255." in caption
     for part in PROSE[1:]:
         assert part in caption, part
-    assert caption.isascii()  # no character pdflatex cannot read without packages
+    assert "Accuracy in" not in caption and len(caption) < 400  # the setting only: the legend is the table's note
+    (note,) = re.findall(r"^\\begin\{minipage\}\{\\linewidth\}\\footnotesize (.*)\\end\{minipage\}$", text, flags=re.M)
+    assert note.startswith("Accuracy in") and "BCa[low, high]" in note
+    assert text.split("\n% ")[0].isascii()  # no character pdflatex cannot read without packages
 
 
 def test_csv_has_the_setting_as_columns(capsys, tmp_path):
