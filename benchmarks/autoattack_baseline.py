@@ -108,18 +108,23 @@ def run_chunk(defense: str, start: int, stop: int, args: argparse.Namespace) -> 
             "python": platform.python_version(), "command": " ".join(sys.argv)}
 
 
+def add_chunk_options(p: argparse.ArgumentParser) -> None:
+    """The options of a resumable pyautoattack job in chunk files (this script's and ``autoattack_rand_mean.py``'s)."""
+    p.add_argument("--out", required=True, help="folder of the chunk files")
+    p.add_argument("--chunk", type=int, default=100, help="images per chunk file [100]")
+    p.add_argument("--batch-size", type=int, default=250, help="pyautoattack's batch size, >= --chunk [250]")
+    p.add_argument("--seed", type=int, default=0, help="pyautoattack's seed [0]")
+    p.add_argument("--threads", type=int, default=1, help="torch threads [1]")
+    p.add_argument("--data-root", default=None, help="dataset folder [$HARNESS_DATA]")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--defense", required=True, help="registered defense name")
-    p.add_argument("--out", required=True, help="folder of the chunk files")
     p.add_argument("--start", type=int, default=0, help="first test index [0]")
     p.add_argument("--stop", type=int, default=10000, help="one past the last test index [10000]")
-    p.add_argument("--chunk", type=int, default=100, help="images per chunk file [100]")
-    p.add_argument("--batch-size", type=int, default=250, help="pyautoattack's batch size, >= --chunk [250]")
     p.add_argument("--eps", type=float, default=8 / 255, help="ℓ∞ radius [8/255]")
-    p.add_argument("--seed", type=int, default=0, help="pyautoattack's seed [0]")
-    p.add_argument("--threads", type=int, default=1, help="torch threads [1]")
-    p.add_argument("--data-root", default=None, help="CIFAR-10 folder [$HARNESS_DATA]")
+    add_chunk_options(p)
     args = p.parse_args()
     if args.batch_size < args.chunk:
         p.error("--batch-size must be at least --chunk (one pyautoattack call per attack and chunk)")

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.autoattack_baseline import _load  # noqa: E402
+from benchmarks.autoattack_baseline import _load, add_chunk_options  # noqa: E402
 
 import harness.defenses  # noqa: E402,F401  (registers the shipped defenses)
 from harness.api.config import read_config  # noqa: E402
@@ -102,12 +102,7 @@ def compare(run: Path, chunks: list[dict[str, Any]]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="a finished harness run directory (its images, defense, R)")
-    p.add_argument("--out", required=True, help="folder of the chunk files")
-    p.add_argument("--chunk", type=int, default=100, help="images per chunk file [100]")
-    p.add_argument("--batch-size", type=int, default=250, help="pyautoattack's batch size [250]")
-    p.add_argument("--seed", type=int, default=0, help="pyautoattack's seed [0]")
-    p.add_argument("--threads", type=int, default=1, help="torch threads [1]")
-    p.add_argument("--data-root", default=None, help="dataset folder [$HARNESS_DATA]")
+    add_chunk_options(p)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     run, out = Path(args.run), Path(args.out)

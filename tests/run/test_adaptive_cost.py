@@ -144,13 +144,7 @@ def test_resume_in_the_middle_of_a_continued_attack_gives_identical_records(tiny
 
     ref = load_records(runner.run(_cfg(tiny_data_root, tmp_path / "a"), defense=_noisy()))
     real_advance, real_start = PGD.advance, PGD.start
-
-    def dies_at_third_rung(self, target, x, y, state, *, start, until):
-        if start == 4:
-            raise KeyboardInterrupt
-        return real_advance(self, target, x, y, state, start=start, until=until)
-
-    monkeypatch.setattr(PGD, "advance", dies_at_third_rung)
+    die_at_rung_from(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         runner.run(_cfg(tiny_data_root, tmp_path / "b"), defense=_noisy())
     records = next((tmp_path / "b").iterdir()) / "records"
@@ -165,6 +159,20 @@ def test_resume_in_the_middle_of_a_continued_attack_gives_identical_records(tiny
     assert not list(records.glob("*.partial.pt"))
     drop = list(TIMING_COLUMNS)
     pd.testing.assert_frame_equal(resumed.drop(columns=drop), ref.drop(columns=drop))
+
+
+def die_at_rung_from(monkeypatch, start_iteration: int) -> None:
+    """Make PGD raise KeyboardInterrupt when a rung starts at ``start_iteration`` (a run killed inside a stage)."""
+    from harness.attacks.pgd import PGD
+
+    real = PGD.advance
+
+    def dies(self, target, x, y, state, *, start, until):
+        if start == start_iteration:
+            raise KeyboardInterrupt
+        return real(self, target, x, y, state, start=start, until=until)
+
+    monkeypatch.setattr(PGD, "advance", dies)
 
 
 def test_rungs_refused_on_an_attack_that_cannot_continue(tiny_data_root, tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_adaptive_cost import PGD_RUNGS, _cfg, _noisy
+from test_adaptive_cost import PGD_RUNGS, _cfg, _noisy, die_at_rung_from
 
 import harness.run.runner as runner
 from conftest import write_model_labelled_npz
@@ -76,13 +76,7 @@ def test_resume_inside_the_schedule_gives_identical_records(tiny_data_root, tmp_
 
     ref = load_records(runner.run(_plateau_cfg(tiny_data_root, tmp_path / "a"), defense=_noisy(0.15)))
     real = PGD.advance
-
-    def dies_at_a_later_rung(self, target, x, y, state, *, start, until):
-        if start == 4:
-            raise KeyboardInterrupt
-        return real(self, target, x, y, state, start=start, until=until)
-
-    monkeypatch.setattr(PGD, "advance", dies_at_a_later_rung)
+    die_at_rung_from(monkeypatch, 4)  # a later rung, after the rule parked samples
     with pytest.raises(KeyboardInterrupt):
         runner.run(_plateau_cfg(tiny_data_root, tmp_path / "b"), defense=_noisy(0.15))
     monkeypatch.setattr(PGD, "advance", real)
