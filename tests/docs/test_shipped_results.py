@@ -42,11 +42,13 @@ def test_full_runs_are_complete_on_all_10000_test_images(name):
 
 
 JPEG_RUNS = ("jpeg-standard", "jpeg-adaptive")
+ADAPTIVE_MEAN, ADAPTIVE_FULL = "a3-small-cifar10-94aba19f27", "a3-small-cifar10-f8eb7776e5"  # adaptive-mean, adaptive
 SUBSET_RUNS = ([(SHIPPED / n, 1_000) for n in ("a3-small-adaptive", "a3-small-stochastic-eot20", *VIT_RUNS)]
                + [(SHIPPED / n, 256) for n in DIFFPURE_RUNS] + [(SHIPPED_L2 / n, 500) for n in SMOOTHING_RUNS]
                + [(SHIPPED / n, 128) for n in JPEG_RUNS] + [(SHIPPED_L2 / n, 100) for n in THREE_WAY_RUNS]
                + [(ROOT / "results" / "cifar10-corruptions" / n, 1_000) for n in ("at-small", "a3-small", "none")]
-               + [(ROOT / "results" / "cifar10-adaptive-cost" / "diffpure-ddpm-cifar10-00fda2af48", 256)])
+               + [(ROOT / "results" / "cifar10-adaptive-cost" / name, n) for name, n in
+                  (("diffpure-ddpm-cifar10-00fda2af48", 256), (ADAPTIVE_MEAN, 1_000))])
 
 
 @pytest.mark.parametrize("run_dir,n", SUBSET_RUNS, ids=[d.name for d, _ in SUBSET_RUNS])
@@ -185,3 +187,22 @@ def test_cross_threat_pair_of_a_deterministic_defense_compares_once(capsys, tmp_
     line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("A - B"))
     low, high = (float(v) for v in re.findall(r"\[([-+0-9.]+), ([-+0-9.]+)\]", line)[0])
     assert (round(100 * figures["all"]["low"], 2), round(100 * figures["all"]["high"], 2)) == (low, high) and low > 50
+
+
+def test_the_adaptive_mean_table_is_the_records():
+    """docs/presets.md's table of `adaptive-mean` against `adaptive` on 1,000 a3-small images: each accuracy and the
+    plateau bound, recomputed from the shipped records with the run's own tolerance."""
+    from harness.api.config import read_config
+    from harness.stats.plateau import tolerance_of
+    from harness.stats.scoring import worst_case
+
+    runs = ROOT / "results" / "cifar10-adaptive-cost"
+    fast, full = load_records(runs / ADAPTIVE_MEAN), load_records(runs / ADAPTIVE_FULL)
+    tolerance = tolerance_of(read_config(runs / ADAPTIVE_MEAN / "config.toml").to_dict())
+    doc = (ROOT / "docs" / "presets.md").read_text()
+    for criterion, label in (("all", "all R draws"), ("majority", "majority"), ("mean", "mean over draws")):
+        new, old = worst_case(fast, criterion, tolerance=tolerance), worst_case(full, criterion)
+        assert not new.worst_is_upper_bound and new.removal is not None and new.removal.verdict
+        row = f"| {label} | {100 * old.worst.mean():.1f}% | {100 * new.worst.mean():.1f}% |"
+        assert row in doc, row
+        assert f"| {100 * new.removal.bound:.2f} points |" in doc
