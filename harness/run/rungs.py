@@ -94,9 +94,9 @@ def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robu
 def _plateau(context: RunContext, s: StageSetup, p: dict[str, Any], at: tuple[Tensor, int], judged: Judged,
              decided: Tensor) -> dict[str, int]:
     """The plateau rule after rung ``r`` on its ``rows`` (:mod:`harness.stats.plateau`): a sample still attackable
-    whose score did not fall and whose margin did not rise since the rung before is parked; its coin sends it on with the stage's full budget
-    (probed) or stops it for the rest of the stage. Returns how many of each (nothing without the rule or at the
-    first rung)."""
+    whose score did not fall and whose margin did not rise since the rung before is parked; its coin sends it on
+    with the stage's full budget (probed) or stops it for the rest of the stage. Returns how many of each (nothing
+    without the rule or at the first rung)."""
     rows, r = at
     score = judged.ev.score(context.decide_by).to(p["score"].dtype)
     margin = judged.ev.margin.to(p["margin"].dtype)  # best other logit - true logit, mean over the R draws
@@ -112,7 +112,8 @@ def _plateau(context: RunContext, s: StageSetup, p: dict[str, Any], at: tuple[Te
     dataset_index = torch.as_tensor(s.batch.indices, dtype=torch.long)[s.idx.cpu()][rows.cpu()]
     heads = torch.from_numpy(coins(context.seed, dataset_index.numpy()) < probe).to(flat.device)
     at_rows = rows[flat]
-    p["plateau"][at_rows] = torch.where(heads[flat], _MARKS.index(PlateauMark.PROBED), _MARKS.index(PlateauMark.STOPPED))
+    codes = _MARKS.index(PlateauMark.PROBED), _MARKS.index(PlateauMark.STOPPED)
+    p["plateau"][at_rows] = torch.where(heads[flat], *codes)
     p["plateau_preds"][at_rows] = judged.ev.preds[flat]
     p["open"][rows[flat & ~heads]] = False
     return {"stopped": int((flat & ~heads).sum()), "probed": int((flat & heads).sum())}

@@ -1,4 +1,5 @@
-"""Samples stopped when a rung of the attack moved them nowhere, and the bound on what the full budget would still remove.
+"""Samples stopped when a rung of the attack moved them nowhere, and the bound on what the full budget would still
+remove.
 
 A run with a plateau rule (``plateau_probe``) stops attacking a sample inside a stage in rungs once a rung moved it
 nowhere: its score under the run's ``decide_by`` after rung r is at least the one after rung r - 1, and its logit
@@ -68,8 +69,8 @@ def mean_upper_bound(values: np.ndarray, population: int, confidence: float = 0.
 
     Hedged-capital betting with predictable plug-in bets (Waudby-Smith & Ramdas 2024): a candidate mean m is
     rejected when the capital of betting that the values fall below m (the mean of the population still unseen
-    given m) reaches 1 / (1 - confidence). With every value 0 the bound is within 15% of
-    1 - (1 - confidence)^(1/k), the Clopper-Pearson bound of k zeros; once every member of the population is seen it is their mean.
+    given m) reaches 1 / (1 - confidence). With every value 0 the bound is within 15% of 1 - (1 - confidence)^(1/k),
+    the Clopper-Pearson bound of k zeros; once every member of the population is seen it is their mean.
     """
     check_fraction("confidence", confidence)
     x = np.asarray(values, dtype=float).ravel()
