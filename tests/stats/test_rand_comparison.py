@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from conftest import load_benchmark
 
+from conftest import load_benchmark
 from harness.reports.synthetic import write_synthetic_run
 from harness.stats.scoring import worst_case
 from harness.store.rundir import load_records
