@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.api.records import null_unattempted
+from harness.api.records import COLUMNS, null_unattempted
 
 
 def nulls(records: pd.DataFrame) -> pd.DataFrame:
@@ -28,4 +28,6 @@ def upgrade(records: pd.DataFrame) -> pd.DataFrame:
         if "plateau" not in records.columns:  # written before the plateau rule: no sample was parked
             records["plateau"] = ""
             records["plateau_preds"] = [[] for _ in range(len(records))]
+        known = [c for c in COLUMNS if c in records.columns]  # the schema's order, whatever was added above
+        records = records[known + [c for c in records.columns if c not in known]]
     return records

@@ -94,5 +94,5 @@ def test_every_stage_flag_code_has_a_check():
     declared = {code for c in CHECKS for code in c.codes}
     preflight_or_reports = {FlagCode.KEEPS_STATE, FlagCode.WRITES_INPUT, FlagCode.GRAD_CHANGES_OUTPUT,
                             FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT, FlagCode.MODULE_MODE,
-                            FlagCode.UPPER_BOUND, FlagCode.STAGE_SKIPPED, FlagCode.PROBE_ONLY}
+                            FlagCode.UPPER_BOUND, FlagCode.STAGE_SKIPPED, FlagCode.PROBE_ONLY, FlagCode.PLATEAU}
     assert declared | preflight_or_reports == set(FlagCode)
