@@ -252,8 +252,8 @@ def plateau_note(table: Table) -> str:
         if r is None:
             continue
         verdict = ("below the run's tolerance of " + pct(r.tolerance) + " points: the numbers are verdicts" if r.verdict
-                   else "not below the run's tolerance of " + pct(r.tolerance) + " points: the numbers from the first "
-                   "stopped sample on are upper bounds (≤)")
+                   else "not below the run's tolerance of " + pct(r.tolerance) + " points: the columns from the first "
+                   "stage that parked a sample on are upper bounds (≤)")
         text += (f" {row.label}: the plateau rule parked {r.parked:,} samples a rung moved nowhere (score and margin) "
                  f"and stopped {r.stopped:,}; the {r.probed:,} given the full budget anyway (a random share) lost "
                  f"{pct(r.removed_by_probe / max(r.n, 1))} points, so the full budget would remove at most "

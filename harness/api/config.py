@@ -86,9 +86,10 @@ class RunConfig:
     # criterion; "majority" or "all", cheaper, the more lenient criteria then upper bounds); None: not given (the
     # battery file's decide_by, else DEFAULT_DECIDE_BY; a stored config without it predates the field and ran so)
     decide_by: str | None = None
-    # the plateau rule (harness.stats.plateau): in stages in rungs a sample whose score under decide_by stopped
-    # falling over a rung stops, except for a random share plateau_probe of them, which goes on with the full budget
-    # and bounds what the others would still lose; None: not given (the battery file's value, else no rule)
+    # the plateau rule (harness.stats.plateau): in stages in rungs a sample a rung moved nowhere (its score under
+    # decide_by did not fall, its margin did not rise) stops for the rest of the stage, except for a random share
+    # plateau_probe of them, which gets the stage's full budget and bounds what the others would still lose; None:
+    # not given (the battery file's value, else no rule)
     plateau_probe: float | None = None
     # the bound (in points of accuracy) below which a number with stopped samples is a verdict, not an upper bound;
     # None: not given (the battery file's value, else 1 point)
