@@ -43,12 +43,6 @@ def battery_settings(attacks: str, preset_dir: Path | None = None) -> dict[str, 
     return found
 
 
-def battery_decide_by(attacks: str, preset_dir: Path | None = None) -> str | None:
-    """The ``decide_by`` a battery file sets (the run's default for ``--decide-by``); None when it sets none."""
-    value = battery_settings(attacks, preset_dir).get("decide_by")
-    return None if value is None else str(value)
-
-
 def unknown_name(name: str, preset_dir: Path | None = None) -> str:
     """Why ``--attacks NAME`` names nothing: the preset entries of that name (a preset's column given as an attack)
     and how to run them, else the closest attack, preset and preset-entry names."""
