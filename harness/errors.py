@@ -37,6 +37,11 @@ class SetupError(HarnessError, RuntimeError):
     """Something a run needs (a package, a checkpoint's contents, network access) is missing or unusable."""
 
 
+class SideEffectsRefused(HarnessError):
+    """The defense read back files written during the run, so no verdict would be independent of the attacks'
+    queries; refused unless the user accepts that (``--allow-side-effects``)."""
+
+
 class DoesNotFitError(SetupError):
     """The defense runs out of memory even on one sample at a time; the message names what reduces its need."""
 

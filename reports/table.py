@@ -264,15 +264,20 @@ def plateau_note(table: Table) -> str:
 def verdict_note(table: Table) -> str:
     """Where each row's verdict came from (provenance ``verdict``: ``isolated process`` or ``in-process copies``;
     runs written before it say nothing)."""
-    kinds: dict[str, list[str]] = {}
+    from harness.api.flags import FlagCode
+
+    kinds: dict[tuple[str, bool], list[str]] = {}
     for row in table.rows:
         kind = row.run.provenance.get("verdict")
         if kind:
-            kinds.setdefault(str(kind), []).append(row.label)
+            kinds.setdefault((str(kind), FlagCode.SIDE_EFFECTS.value in row.flags), []).append(row.label)
     said = {"isolated process": "instances of the defense built anew in new processes",
             "in-process copies": "copies of the defense in the attacked process (given as an object; state kept "
                                  "outside the object, at module level or in class attributes, is shared by them)"}
-    return "".join(f" Verdict of {', '.join(labels)}: from {said.get(kind, kind)}." for kind, labels in kinds.items())
+    outside = (", but not independent of the attacks' queries: the defense acted outside the process while answering "
+               "(flag side-effects), and what it left there reaches every instance")
+    return "".join(f" Verdict of {', '.join(labels)}: from {said.get(kind, kind)}{outside if acted else ''}."
+                   for (kind, acted), labels in kinds.items())
 
 
 def _scope_sentence(seq: dict) -> str:

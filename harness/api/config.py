@@ -33,7 +33,7 @@ from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
 NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id", "data_root", "download",
-                     "escalations", "allow_large_eps")
+                     "escalations", "allow_large_eps", "allow_side_effects")
 # fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
 # otherwise, so older run ids stay valid
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
@@ -68,6 +68,9 @@ class RunConfig:
     norm: str = "Linf"
     # run although eps reaches the centre of the input box from every image (check_eps refuses it otherwise)
     allow_large_eps: bool = False
+    # run although the defense reads back files written during the run (harness.diagnostics.outside refuses it
+    # otherwise): the verdict is then not independent of the attacks' queries, and the report says so
+    allow_side_effects: bool = False
     # the threat model, a registered kind (harness.api.threatspec.register_threat): "lp" (the norm ball of radius
     # eps), "lowfreq" (a low-frequency band of perturbations), "corruptions" (fixed common corruptions, no optimization)
     threat: str = "lp"

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from harness.api._validation import check_purified
 from harness.api.gradmodes import GRAD_MODES, GradMode
 from harness.api.registry import Registry
+from harness.watch.guard import Guard
 
 
 def straight_through(forward_value: Tensor, backward_path: Tensor) -> Tensor:
@@ -137,6 +138,9 @@ class Defense(nn.Module):
         if smoothing is not None and not isinstance(smoothing, SmoothingNoise):
             raise TypeError(f"smoothing must be a harness.api.defense.SmoothingNoise, got {type(smoothing).__name__}")
         self.smoothing = smoothing
+        # every call passes through it: what the call did outside its answers is watched, the process state it
+        # changed put back (harness.watch); copies share it
+        self.guard = Guard()
 
     def networks(self) -> list[tuple[str, nn.Module]]:
         """``(role, module)`` pairs whose passes the harness counts: the classifier, then the purifier's
@@ -166,6 +170,10 @@ class Defense(nn.Module):
         the tensors the harness keeps (the clean images, the attack's iterates). ``harness.diagnostics.preflight`` names it."""
         if self.purifier is None:
             return x
+        with self.guard:
+            return self._purify(x, grad_mode)
+
+    def _purify(self, x: Tensor, grad_mode: GradMode) -> Tensor:
         x_in = x.clone()
         if grad_mode not in GRAD_MODES:
             raise ValueError(f"unknown gradient mode {grad_mode!r}; accepted: {', '.join(GRAD_MODES)}")
@@ -173,7 +181,7 @@ class Defense(nn.Module):
         if grad_mode == "surrogate" and not callable(own) and self.surrogate is None:
             raise ValueError(f"defense {self.name!r} offers no surrogate gradient; use grad mode 'full' or 'bpda', "
                              "or pass Defense(surrogate=...) / give the purifier a forward_surrogate method")
-        purifier: Callable[[Tensor], Tensor] = self.purifier
+        purifier = cast(Callable[[Tensor], Tensor], self.purifier)
         if grad_mode == "full" or callable(own):
             z = purifier(x_in) if grad_mode == "full" else cast(Callable[[Tensor], Tensor], own)(x_in)
             check_purified(self, x, z)
@@ -187,7 +195,8 @@ class Defense(nn.Module):
     def logits(self, x: Tensor, grad_mode: GradMode = "full") -> Tensor:
         """Logits of the defended model, differentiable as ``grad_mode`` says (on copies of ``x``: :meth:`purify`)."""
         z = self.purify(x, grad_mode)
-        out: Tensor = self.classifier(z.clone() if z is x else z)
+        with self.guard:  # a call of its own: what the purifier changed is put back before the classifier runs
+            out: Tensor = self.classifier(z.clone() if z is x else z)
         return out
 
     def forward(self, x: Tensor) -> Tensor:
@@ -199,7 +208,11 @@ class Defense(nn.Module):
         ``Defense(auxiliary=...)`` if given, else the purifier's ``auxiliary_losses`` if it has one, else none.
         """
         fn = self.auxiliary or getattr(self.purifier, "auxiliary_losses", None)
-        return fn(x) if callable(fn) else {}
+        if not callable(fn):
+            return {}
+        with self.guard:
+            out: dict[str, Tensor] = fn(x)
+        return out
 
     @property
     def has_surrogate(self) -> bool:

@@ -47,6 +47,8 @@ class FlagCode(str, Enum):
     STAGE_SKIPPED = "stage-skipped"  # reports: a stage was not run on some shards, its gradient mode found dead
     PROBE_ONLY = "probe-only"  # a probed stage broke none of its probe, so it did not attack the other samples
     PLATEAU = "plateau"  # reports: the plateau rule stopped samples a rung moved nowhere
+    SIDE_EFFECTS = "side-effects"  # the defense's calls wrote files, connected sockets or started processes
+    CHANGES_GLOBAL_STATE = "changes-global-state"  # the defense's calls changed process-wide state (put back)
 
     def __str__(self) -> str:
         return self.value
@@ -141,6 +143,17 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
         "the defense's answers depend on the inputs it saw before (kept on its object: every pass ran on a "
         "fresh instance; outside it: the verdict came from instances built in new processes).",
         "make the defense a function of each input."),
+    FlagCode.SIDE_EFFECTS: Explanation(
+        "the defense's calls wrote files, connected to a network or started processes while answering, so the "
+        "verdict is not independent of what the attacks' queries left outside the process (a run whose defense "
+        "read such files back was refused, or accepted with `--allow-side-effects`).",
+        "answer from each input alone; write logs outside `forward` (or accept the flag if they are only logs)."),
+    FlagCode.CHANGES_GLOBAL_STATE: Explanation(
+        "the defense's calls changed process-wide state (grad mode, default dtype, backend flags, threads, or "
+        "reseeded a global random generator); the harness put it back after every call, and the attacks draw their "
+        "randomness from their own generators, so the numbers stand.",
+        "leave global state as found: use `torch.no_grad()` and `torch.Generator` objects instead of switching "
+        "and reseeding the globals."),
     FlagCode.WRITES_INPUT: Explanation(
         "the defense edits its input tensor in place (harmless here: it gets copies).",
         "use out-of-place operations."),

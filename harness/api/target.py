@@ -184,7 +184,9 @@ class Target:
                 out = torch.where(ok[:, None], out, _sanitized(out, yr))
                 loss = torch.where(ok, loss_fn(out, yr), torch.full_like(ok, BIG, dtype=out.dtype))
                 if with_grad:  # an output that does not depend on the input (e.g. constant NaN) has zero gradient
-                    (g,) = torch.autograd.grad(loss.sum() / draws, xr, allow_unused=True) if loss.requires_grad else (None,)
+                    with self.defense.guard:  # the backward pass runs the defense's code too
+                        (g,) = (torch.autograd.grad(loss.sum() / draws, xr, allow_unused=True) if loss.requires_grad
+                                else (None,))
                     g = torch.zeros_like(xr) if g is None else g
                     g = torch.where(ok.view(-1, *([1] * (x.dim() - 1))), g, torch.zeros_like(g))
                     grad = cast(Tensor, grad) + g.view(e, *x.shape).sum(0)

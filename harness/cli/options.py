@@ -45,6 +45,9 @@ RUN_HELP: dict[str, str] = {
     "crop": "keep the centre MxM square of each image (after --resize) [default: 224 for imagenet, else none]",
     "interpolation": "the interpolation of --resize [default: bilinear]",
     "eps": "perturbation budget, a number or a fraction like 8/255",
+    "allow_side_effects": "evaluate a defense that reads back files written during the run (memory kept on disk), "
+                          "which is otherwise refused: its verdict is then not independent of the attacks' queries, "
+                          "and the flag side-effects and the report say so",
     "allow_large_eps": "evaluate an --eps that reaches the centre of the input box from every image (Linf: half the "
                        "input range, 0.5 on [0, 1] images; L2: half the box's diagonal; L1: half the range times the "
                        "number of values), which is otherwise refused as a likely forgotten /255",

@@ -12,7 +12,10 @@ evaluation cannot answer the next. A ``spawn`` context would do the same, but ev
 then import torch and the engine again (seconds per call); forking from the server costs only the defense's own
 import and construction. The server starts no thread pool and touches no accelerator (importing torch does
 neither), so forking from it is safe. What a new process cannot undo is what a defense keeps outside the process:
-files it writes, a server it talks to.
+files it writes, a server it talks to. So each call also runs in a private working directory and temporary
+directory of its own (a defense keeping memory in relative paths finds nothing there), and its defense's guard
+(``harness.watch``) starts from the paths written so far in the attacked process: what the call wrote, and any file
+written during the run that it read back, come back with its answer and join the run's guard.
 
 Unlike other process pools started this way, the children do not import the main module again (they need nothing
 of it), so a script that starts an evaluation at its top level needs no ``if __name__ == "__main__":`` guard.
@@ -25,7 +28,9 @@ import dataclasses
 import importlib
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -44,6 +49,7 @@ from harness.api.defense import DEFENSES, Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.registry import absolute_spec, spec_file
 from harness.errors import HarnessError, SetupError, one_line
+from harness.watch.guard import Guard, Seen
 
 # what the fork server imports before forking: torch and the engine, never a defense's module
 PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated"]
@@ -122,15 +128,38 @@ def _logits(defense: Defense, device: torch.device, points: np.ndarray, seed: in
     return out
 
 
-def _in_child(conn: Connection, work: Callable[..., Any], recipe: DefenseRecipe, *args: Any) -> None:
-    """What a new process runs: build the defense, then ``work(defense, device, *args)``; sends back ``(True, (answer,
-    seconds the work took))`` (the rest of the call is the process's start: fork, imports, construction) or ``(False,
-    the exception)``."""
+@contextlib.contextmanager
+def _private_dirs() -> Iterator[None]:
+    """A working directory and temporary directory of the call's own, removed after it (the harness made them)."""
+    root = tempfile.mkdtemp(prefix="harness-verdict-")
+    cwd, tmp, env = os.getcwd(), tempfile.tempdir, os.environ.get("TMPDIR")
+    os.chdir(root)
+    tempfile.tempdir = os.environ["TMPDIR"] = root
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        tempfile.tempdir = tmp
+        if env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = env
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _in_child(conn: Connection, work: Callable[..., Any], recipe: DefenseRecipe, start: tuple[list[str], float],
+              *args: Any) -> None:
+    """What a new process runs: build the defense (its guard started from ``start``, the attacked process's), then
+    ``work(defense, device, *args)`` in private directories; sends back ``(True, (answer, seconds the work took, what
+    the guard saw))`` (the rest of the call is the process's start: fork, imports, construction) or ``(False, the
+    exception)``."""
     try:
         defense = recipe.build()
+        defense.guard = Guard(*start)
         started = time.perf_counter()
-        answer = work(defense, torch.device(recipe.device), *args)
-        conn.send((True, (answer, time.perf_counter() - started)))
+        with _private_dirs():
+            answer = work(defense, torch.device(recipe.device), *args)
+        conn.send((True, (answer, time.perf_counter() - started, defense.guard.take().to_dict())))
     except Exception as exc:  # noqa: BLE001 - every error goes back to the caller, which names the defense
         try:
             conn.send((False, exc))
@@ -197,10 +226,12 @@ def start_server() -> multiprocessing.context.BaseContext:
 
 
 class IsolatedProcess:
-    """Calls on fresh instances of the defense of ``recipe``, each in a new process (module docstring)."""
+    """Calls on fresh instances of the defense of ``recipe``, each in a new process (module docstring); what their
+    calls did outside their answers joins ``guard`` (the attacked defense's)."""
 
-    def __init__(self, recipe: DefenseRecipe) -> None:
+    def __init__(self, recipe: DefenseRecipe, guard: Guard | None = None) -> None:
         self.recipe = recipe
+        self.guard = guard if guard is not None else Guard()
         self.spent = Spent()
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -209,7 +240,8 @@ class IsolatedProcess:
         recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())
         started = time.perf_counter()
         receive, send = context.Pipe(duplex=False)
-        process = context.Process(target=_in_child, args=(send, fn, recipe, *args), name="harness-verdict")
+        process = context.Process(target=_in_child, args=(send, fn, recipe, self.guard.started_from(), *args),
+                                  name="harness-verdict")
         with _main_left_out():
             process.start()
         send.close()
@@ -227,7 +259,8 @@ class IsolatedProcess:
                 raise payload  # the defense's own error, as this process would have raised it (it names the defense)
             raise SetupError(f"defense {self.recipe.spec!r} could not be rebuilt and evaluated in a new process for "
                              f"the verdict: {type(payload).__name__}: {one_line(payload)}")
-        answer, working = payload
+        answer, working, seen = payload
+        self.guard.absorb(Seen.from_dict(seen))
         self.spent.calls += 1
         self.spent.total += time.perf_counter() - started
         self.spent.working += working

@@ -149,7 +149,7 @@ def apply_module_mode(defense: Defense, mode: str) -> Defense:
 def _writes_input(defense: Defense, x: Tensor, seed: int) -> list[str]:
     """The parts (purifier, classifier) that changed the tensor they were given."""
     parts = []
-    with torch.no_grad(), seeded(seed, x.device):
+    with torch.no_grad(), seeded(seed, x.device), defense.guard:  # its own calls: through the guard as every call
         z = x.clone()
         if defense.purifier is not None:
             given = x.clone()

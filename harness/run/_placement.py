@@ -18,6 +18,7 @@ from harness.api.defense import Defense
 from harness.battery.resolve import check_battery, describe
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
+from harness.diagnostics.outside import outside_flags, refuse_read_back
 from harness.diagnostics.preflight import FirstBatch, Preflight, apply_module_mode, preflight
 from harness.run._acceleration import accelerate, resolve_device
 from harness.run._memory import Batching
@@ -58,7 +59,8 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
     recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, device, "eval") if rebuildable else None
 
     def remote(points: torch.Tensor, seed: int, mode: str) -> torch.Tensor:
-        return IsolatedProcess(dataclasses.replace(recipe, module_mode=mode)).logits(points, seed)  # type: ignore[arg-type]
+        return IsolatedProcess(dataclasses.replace(recipe, module_mode=mode),  # type: ignore[arg-type]
+                               defense.guard).logits(points, seed)
 
     def checks() -> Preflight:
         instance = defense if not checked or fresh is None else fresh()  # a retry: the defense as handed over
@@ -70,6 +72,9 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
 
     pf = batching.run(checks, "the first-batch checks")
     defense = checked[0]
+    seen = defense.guard.take()  # what the checks' calls did outside their answers
+    refuse_read_back(seen, allowed=cfg.allow_side_effects, defense=cfg.defense)
+    pf.findings.extend(outside_flags(seen, attack="preflight", shard=0, stage=0, allowed=cfg.allow_side_effects))
     for finding in pf.findings:
         log.warning("preflight: %s: %s", finding["code"], finding["message"])
     placed = _ready(cfg, defense, pristine, device, pf, recipe)
@@ -91,4 +96,4 @@ def _ready(cfg: RunConfig, defense: Defense, pristine: Defense | None, device: t
            recipe: DefenseRecipe | None) -> Placed:
     defense = accelerate(defense, channels_last=cfg.channels_last, compile=cfg.compile)
     return Placed(defense, device, pf, verifier_for(pristine, cfg.defense, cfg.defense_opts, device, pf.module_mode,
-                                                    recipe))
+                                                    recipe, defense.guard))

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from harness.diagnostics import after_stage as diagnostics
+from harness.diagnostics.outside import outside_flags, refuse_read_back
 from harness.progress import get_logger, shard_text
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, frame
@@ -102,6 +103,7 @@ def _clean(host: ShardHost, batch: ShardBatch, indices: list[int]) -> ShardState
     side: dict[str, Any] = {"stages": ["clean"], "attacks": {}, "diagnostics": []}
     side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=batch.shard,
                                                        stochastic=context.defense.stochastic))
+    side["diagnostics"].extend(_outside(host, "clean", batch.shard, 0))
     return ShardState(batch, [frame(cols, indices, batch.y, batch.shard, 0, "clean")], side,
                       ev.attackable_under(context.decide_by).clone())
 
@@ -187,6 +189,7 @@ def _record(host: ShardHost, work: ShardWork, state: ShardState, outcome: StageO
                                    **stage_extras(outcome, cols, work.indices), **extra}
     flags = diagnostics.after_stage(outcome)
     state.side["diagnostics"].extend(flag_dict(f, outcome) for f in flags)
+    state.side["diagnostics"].extend(_outside(host, name, work.shard, outcome.stage))
     if state.dead is None and work.prior is None and cfg.skip_dead_gradients:  # the configured battery only
         found = diagnostics.dead_gradient(outcome, flags)
         if found is not None:
@@ -197,6 +200,16 @@ def _record(host: ShardHost, work: ShardWork, state: ShardState, outcome: StageO
         full[outcome.robust_before] = outcome.x_adv
         state.adv["x_adv"][name] = full.cpu()
     host.bar(name).update(len(work.indices))
+
+
+def _outside(host: ShardHost, attack: str, shard: int, stage: int) -> list[dict[str, Any]]:
+    """The flags of what the defense's calls did outside their answers since the last stage (and in the verifier's
+    processes); refuses the run when it read back what it wrote, unless the run allows it."""
+    context = host.context
+    seen = context.defense.guard.take()
+    allowed = context.config.allow_side_effects
+    refuse_read_back(seen, allowed=allowed, defense=context.config.defense)
+    return outside_flags(seen, attack=attack, shard=shard, stage=stage, allowed=allowed)
 
 
 def _record_skip(host: ShardHost, work: ShardWork, state: ShardState, plan: StagePlan, why: str) -> None:

@@ -35,6 +35,7 @@ from harness.api.threat import Threat
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess, VerdictKind, fresh_evaluation
 from harness.diagnostics.preflight import apply_module_mode
 from harness.stats.paired import sign_test_greater
+from harness.watch.guard import Guard
 
 DISAGREE_ALPHA = 1e-3  # sign-test level at which a stochastic defense's two evaluations are said to disagree
 
@@ -93,14 +94,15 @@ class Verifier:
 
 
 def verifier_for(pristine: Defense | None, spec: str, options: dict[str, Any], device: torch.device,
-                 module_mode: str, recipe: DefenseRecipe | None = None) -> Verifier:
+                 module_mode: str, recipe: DefenseRecipe | None = None, guard: Guard | None = None) -> Verifier:
     """The verifier of a run: fresh copies of ``pristine`` (the defense before its first query) on ``device`` in
     ``module_mode``, or, if it could not be copied, the factory ``spec`` called again with ``options``; with a
-    ``recipe`` (a defense built from its spec), the verdict from instances built in new processes."""
+    ``recipe`` (a defense built from its spec), the verdict from instances built in new processes, whose findings
+    join ``guard`` (the attacked defense's)."""
     def place(d: Defense) -> Defense:
         return apply_module_mode(d.to(device), module_mode)
 
-    isolated = None if recipe is None else IsolatedProcess(dataclasses.replace(recipe, module_mode=module_mode))
+    isolated = None if recipe is None else IsolatedProcess(dataclasses.replace(recipe, module_mode=module_mode), guard)
     return Verifier(None if pristine is None else place(pristine),
                     factory=lambda: place(create_defense(spec, **options)), isolated=isolated)
 
