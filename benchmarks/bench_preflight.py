@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.run import runner
     from harness.run.verdict import Verifier
     from harness.store._machine import load_average
+    from harness.watch.guard import Guard
 
     torch.set_num_threads(args.threads)
     totals: dict[str, float] = {}
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     _timed(Verifier, "evaluate", totals)
     _timed(first_batch, "taylor_agreement", totals, "gradient check, first batch")  # each imported it by name
     _timed(gradient_checks, "taylor_agreement", totals, "gradient check, stages")
+    _timed(Guard, "__enter__", totals, "guard")  # the snapshot of the process's state before each defense call
+    _timed(Guard, "__exit__", totals, "guard")  # its comparison, restoring and the side effects' bookkeeping
     spent = Spent()  # the verdict's new processes (the state check's are in the first-batch checks)
     _evaluate = IsolatedProcess.evaluate
 
@@ -105,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  process starts          {start:9.2f} s  {100 * start / total:6.2f}% of the run (fork, the defense's "
           "import and construction, transfer)")
     print(f"  evaluating              {spent.working:9.2f} s  {100 * spent.working / total:6.2f}% of the run")
-    added = pre + stages + ver
+    guard = totals.get("guard", 0.0)
+    print(f"guard around defense calls{guard:9.2f} s  {100 * guard / total:6.2f}% of the run (state snapshot, "
+          "comparison and side-effect bookkeeping; the audit hook's per-event cost is not in it)")
+    added = pre + stages + ver + guard
     print(f"all additions             {added:9.2f} s  {100 * added / total:6.2f}% of the run")
     print(f"load average (1, 5, 15 min): before {before[0]:.2f}, {before[1]:.2f}, {before[2]:.2f}; "
           f"after {after[0]:.2f}, {after[1]:.2f}, {after[2]:.2f} (now {load_average()})")

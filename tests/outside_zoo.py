@@ -6,6 +6,8 @@
 - ``reseeder``: reseeds torch's, numpy's and Python's global generators in every call (and draws from them);
 - ``grad-off``: a purifier that switches autograd off for the whole process and never back;
 - ``dtype-changer``: sets torch's default dtype to float64 in every call;
+- ``process-memory``: the logits of the first input seen in each ε-ball kept at module level, answered for every
+  later input in that ball with the real network's gradient (``hostile_zoo.ProcessMemory``);
 - ``plain``: at-small alone (the truth the others are compared with).
 
 Built from a spec, each is built again in the verifier's new processes.
@@ -26,10 +28,11 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from harness.api.defense import Defense  # noqa: E402
+from hostile_zoo import ProcessMemory  # noqa: E402
 
 SPEC = f"{HERE / 'outside_zoo.py'}:make"
 EPS = 8 / 255
-KINDS = ("file-memory", "log-writer", "reseeder", "grad-off", "dtype-changer", "plain")
+KINDS = ("file-memory", "log-writer", "reseeder", "grad-off", "dtype-changer", "process-memory", "plain")
 
 
 class FileMemory(nn.Module):
@@ -110,6 +113,7 @@ def make(kind: str = "reseeder", folder: str = "", radius: float = EPS) -> Defen
         "reseeder": (Reseeder(net), None),
         "grad-off": (net, GradOff()),
         "dtype-changer": (DtypeChanger(net), None),
+        "process-memory": (ProcessMemory(net, radius), None),
         "plain": (net, None),
     }
     if kind not in wrapped:

@@ -180,6 +180,18 @@ class Attack(ABC):
         opt, effort = self.capabilities.effort_option, self.effort()
         return {opt: effort * int(factor)} if opt and effort is not None else {}
 
+    def declared_passes(self, eot: int, num_classes: int) -> float:
+        """Network passes per sample of this attack's whole declared budget (:meth:`budget`), on a sample it never
+        breaks: iterations (or queries) x restarts x target classes (an option ``targets`` of a targeted attack) x
+        ``eot`` draws, a gradient step counted as one forward and one backward pass (3 units: a backward pass costs
+        about two forward ones). What the run's cost estimate extrapolates to and what orders the escalations."""
+        b, options = self.budget(), self.config()
+        targets = options.get("targets")
+        per = max(int(targets), 1) if isinstance(targets, int) and options.get("targeted", True) is not False else 1
+        per = min(per, max(num_classes - 1, 1))
+        steps = 3.0 * max(b.iterations, 1) if self.capabilities.uses_gradients else 1.0 * max(b.queries, b.iterations, 1)
+        return steps * max(b.restarts, 1) * per * max(int(eot), 1)
+
     def config(self) -> dict[str, Any]:
         """Plain-data options (for the resolved config)."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None)))}

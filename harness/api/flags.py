@@ -198,7 +198,9 @@ EXPLANATIONS: dict[FlagCode, Explanation] = {
     FlagCode.PROBE_ONLY: Explanation(
         "the attack ran on a random probe of the samples still robust and broke none, so it did not attack the "
         "others; the flag's value bounds (95%) the share of them it would have broken.",
-        "to attack every sample, drop the entry's `probe` (or give a larger one)."),
+        "to attack every sample, drop the entry's `probe` (or give a larger one); for an escalation "
+        "(`esc-square`, `esc-rays`: probed by the cost rule), `--attack-opt esc-NAME.probe=N` with N at least the "
+        "samples still robust."),
 }
 
 

@@ -67,8 +67,7 @@ def fresh_evaluation(template: Defense, fresh: Callable[[], Defense], x: Tensor,
                      seed: int, batch_size: int) -> Evaluation:
     """``x`` evaluated on a new instance per batch (``fresh()``; ``template`` answers the evaluation's own checks), in
     batches formed by a permutation seeded by ``seed``: the verifier's batch order, wherever it runs."""
-    with seeded(seed, x.device):
-        order = torch.randperm(x.shape[0], device=x.device)
+    order = torch.randperm(x.shape[0], generator=torch.Generator(device=x.device).manual_seed(seed), device=x.device)
     return evaluate(template, x, y, repeats, seed, batch_size, fresh=fresh, order=order)
 
 

@@ -28,8 +28,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from harness.api.attack import Attack
-from harness.battery.resolve import Resolved
 from harness.battery.spec import AttackSpec
 from harness.run._acceleration import as_input
 from harness.run.plan import ShardBatch
@@ -84,7 +82,7 @@ class Calibration:
         if short and effort and longer and longer > short:
             scaled += max(u2 - u1, 0.0) / m / (longer - short) * (effort - short)
         repeats = self.ctx.context.repeats  # each rung before the last adds an evaluation
-        declared = _declared_passes(plan.attack, plan.resolved, self.ctx.context.defense.num_classes, repeats)
+        declared = plan.attack.declared_passes(plan.resolved.eot, self.ctx.context.defense.num_classes) + repeats
         declared += repeats * len([r for r in spec.schedule()[0] if effort is None or r < effort])
         passes = max(declared, scaled)
         on = f"{m} clean-correct sample(s)" if self.correct else f"{m} sample(s) (none classified correctly)"
@@ -126,18 +124,3 @@ def _shortened(spec: AttackSpec, opt: str | None, short: int | None) -> AttackSp
     if opt and short:
         options[opt] = short
     return dataclasses.replace(spec, options=options, rungs=None, probe=None)
-
-
-def _declared_passes(attack: Attack, resolved: Resolved, num_classes: int, repeats: int) -> float:
-    """Passes per sample of ``attack``'s whole declared budget, evaluation included: iterations (or queries) ×
-    restarts × target classes (an option ``targets`` of a targeted attack) × EOT draws, a gradient step counted
-    as one forward and one backward pass."""
-    b, eot, options = attack.budget(), max(int(resolved.eot), 1), attack.config()
-    targets = options.get("targets")
-    per = max(int(targets), 1) if isinstance(targets, int) and options.get("targeted", True) is not False else 1
-    per = min(per, max(num_classes - 1, 1))
-    if attack.capabilities.uses_gradients:
-        steps = 3.0 * max(b.iterations, 1)
-    else:
-        steps = 1.0 * max(b.queries, b.iterations, 1)
-    return steps * max(b.restarts, 1) * per * eot + repeats

@@ -23,7 +23,7 @@ from harness.api.defense import Defense, create_defense
 from harness.api.frontend import FrontEnd
 from harness.api.threatspec import ThreatSpec
 from harness.battery.catalog import default_preset
-from harness.battery.presets import battery_settings, resolve_battery
+from harness.battery.presets import ESCALATION_PREFIX, battery_settings, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.isolated import start_server
@@ -34,6 +34,7 @@ from harness.run import corruption_stages
 from harness.run._memory import Batching, resumed_size
 from harness.run._placement import place_and_check
 from harness.run.data import open_data, preprocessing
+from harness.run.escalation_order import first_batch_stages, ordered
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
 from harness.run.phases import ATTACKS, ESCALATION, Phase, PhaseKind
@@ -261,6 +262,8 @@ def _open(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int]
     batching = Batching(resumed_size(stored, cfg.batch_size))
     placed = place_and_check(cfg, defense, data, indices, batching, rebuildable=rebuildable)  # before any work
     pf = placed.preflight
+    if corrupted is None:  # the gradient escalations the first batch asked for run before the battery
+        cfg = first_batch_stages(cfg, store, pf.findings)
     context = placed.context(cfg)
     est = None
     if len(indices) >= LONG_RUN and not cfg.quiet and corrupted is None:  # a calibration batch is at most 1/20 of it
@@ -298,18 +301,26 @@ def _after_battery(ctx: RunShards, executor: Executor, shards: list[list[int]],
     asked for, on every shard's still-robust samples; the escalations are recorded in the stored config."""
     cfg, every = ctx.context.config, list(range(len(shards)))
     base = ctx.context.battery
-    lead, probed = split_probed(base)
-    for stage, spec in enumerate(probed, start=len(lead) + 1):
-        for kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
-            executor.phase(ctx, shards, every, Phase(kind, stage, spec.name))
+    _probed_phases(ctx, executor, shards, base, 1)
     escalations = (collect_escalations(ctx.store, len(shards), base, findings, cfg.attack_opts) if cfg.escalate
                    else [])
-    ctx.escalate(escalations)
+    ctx.escalate(ordered(ctx.context, escalations, len(base) + 1))
     with ctx.store.run_lock():
         ctx.store.write_config(ctx.context.config)
     if escalations:
-        log.info("escalating with %s", ", ".join(e.name for e in escalations))
-        executor.phase(ctx, shards, every, ESCALATION)
+        log.info("escalating with %s", ", ".join(e.name for e in ctx.context.escalations))
+        if split_probed(ctx.context.escalations)[0]:
+            executor.phase(ctx, shards, every, ESCALATION)
+        _probed_phases(ctx, executor, shards, ctx.context.escalations, len(base) + 1)
+
+
+def _probed_phases(ctx: RunShards, executor: Executor, shards: list[list[int]], specs: list[AttackSpec],
+                   first_stage: int) -> None:
+    """The probe and extend phases of each probed entry that ends ``specs`` (stages from ``first_stage`` on)."""
+    lead, probed = split_probed(specs)
+    for stage, spec in enumerate(probed, start=first_stage + len(lead)):
+        for kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
+            executor.phase(ctx, shards, list(range(len(shards))), Phase(kind, stage, spec.name))
 
 
 def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> None:
@@ -319,7 +330,9 @@ def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> No
         if missing:  # e.g. a shard file deleted while the run was going on
             raise RuntimeError(f"run {str(store.dir)!r}: {shard_text(missing, n_shards)} are missing or incomplete at "
                                "the end of the run (deleted meanwhile?); run the same command again to recompute them")
-        store.finish(run_flags(store, n_shards, ctx.context.config.escalations, findings))
+        cfg = ctx.context.config  # escalations run first (first_batch_stages) are battery entries
+        first = [b for b in cfg.battery if str(b.get("name", "")).startswith(ESCALATION_PREFIX)]
+        store.finish(run_flags(store, n_shards, [*first, *cfg.escalations], findings))
 
 
 def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int:

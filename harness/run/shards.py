@@ -105,15 +105,17 @@ class RunShards:
             return ([b.name for b in lead], lambda s: self.store.shard_stages(s) is not None,
                     lambda s, idx: compute_shard(self, ShardWork(s, idx, self.plans(lead, 1))))
         if phase.kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
-            return self._probe_steps(phase, base[phase.stage - 1])
-        escalations, full = self.context.escalations, stage_names(self.context.config)
+            return self._probe_steps(phase, [*base, *self.context.escalations][phase.stage - 1])
+        escalations = split_probed(self.context.escalations)[0]  # the probed ones take phases of their own
+        upto = stage_names(self.context.config)[:1 + len(base) + len(escalations)]
 
         def escalate(s: int, idx: list[int]) -> list[dict[str, Any]]:
             prior = self.store.read_shard(s)
             prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
             return compute_shard(self, ShardWork(s, idx, self.plans(escalations, len(base) + 1), prior))
 
-        return [e.name for e in escalations], lambda s: self.store.shard_stages(s) == full, escalate
+        return ([e.name for e in escalations], lambda s: (self.store.shard_stages(s) or [])[:len(upto)] == upto,
+                escalate)
 
     def _probe_steps(self, phase: Phase, spec: AttackSpec) -> tuple[list[str], Callable[[int], bool],
                                                                      Callable[[int, list[int]], Any]]:

@@ -1,0 +1,108 @@
+"""The escalations' cost rule (``harness.run.escalation_order``): gradient escalations first, cheapest first;
+gradient-free ones last and probed, so a defense the first escalation answered costs the black-box attacks a probe.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness.run.runner as runner
+from conftest import TinyCNN
+from harness.api.config import RunConfig
+from harness.api.defense import Defense
+from harness.api.flags import FlagCode
+from harness.battery.spec import AttackSpec
+from harness.run.escalation_order import ESCALATION_PROBE, ordered
+from harness.run.plan import RunContext
+from harness.run.probe import probe_size
+from harness.stats.scoring import attackable_after
+from harness.store.rundir import load_config, load_diagnostics, load_records
+
+SQUARE = {"name": "esc-square", "attack": "square", "options": {"queries": 5000}}
+RAYS = {"name": "esc-rays", "attack": "rays"}
+PGD_LAST = {"name": "esc-pgd-last", "attack": "pgd", "options": {"steps": 100, "loss": "margin", "keep": "last"}}
+DLR = {"name": "esc-apgd-dlr", "attack": "apgd-dlr"}
+BPDA_200 = {"name": "esc-bpda-eot", "attack": "bpda-eot", "options": {"steps": 200, "eot": 20}}
+
+
+def _context(**kw) -> RunContext:
+    defense = Defense(TinyCNN().eval(), None, num_classes=10, name="tiny")
+    return RunContext(RunConfig(eps=8 / 255, norm="Linf", **kw), defense, torch.device("cpu"))
+
+
+def _ordered(specs, **kw) -> list[AttackSpec]:
+    return ordered(_context(**kw), [AttackSpec.from_dict(s) for s in specs], 3)
+
+
+def test_gradient_escalations_run_first_cheapest_first_and_the_gradient_free_ones_last_probed():
+    out = _ordered([SQUARE, BPDA_200, RAYS, PGD_LAST, DLR])
+    # 100 steps each (300 passes): in the order asked; then 200 steps x 20 draws; RayS 1,000 queries, Square 5,000
+    assert [s.name for s in out] == ["esc-pgd-last", "esc-apgd-dlr", "esc-bpda-eot", "esc-rays", "esc-square"]
+    assert {s.name: s.schedule()[1] for s in out} == {"esc-apgd-dlr": None, "esc-pgd-last": None,
+                                                      "esc-bpda-eot": None, "esc-rays": ESCALATION_PROBE,
+                                                      "esc-square": ESCALATION_PROBE}
+
+
+def test_the_gradient_free_ones_run_cheapest_first_too():
+    few = {**SQUARE, "options": {"queries": 100}}
+    assert [s.name for s in _ordered([RAYS, few])] == ["esc-square", "esc-rays"]
+    many = {**SQUARE, "options": {"queries": 50_000}}
+    assert [s.name for s in _ordered([many, RAYS])] == ["esc-rays", "esc-square"]
+
+
+def test_a_probe_the_user_gave_is_kept_and_every_attack_or_until_probes_none():
+    mine = {**SQUARE, "options": {"queries": 5000, "probe": 100}}
+    assert _ordered([mine])[0].schedule()[1] == 100
+    assert all(s.schedule()[1] is None for s in _ordered([SQUARE, RAYS, PGD_LAST], every_attack=True))
+    assert all(s.schedule()[1] is None for s in _ordered([SQUARE, RAYS], until="decided"))
+
+
+def test_an_escalation_the_battery_already_ran_is_dropped():
+    """standard-fast's Square (5,000 queries, one restart) and the ``esc-square`` a flag asks for are one attack."""
+    battery = [{"name": "square", "attack": "square", "probe": 16, "options": {"queries": 5000, "restarts": 1}}]
+    assert [s.name for s in _ordered([SQUARE, RAYS], battery=battery)] == ["esc-rays"]
+    fewer = [{**battery[0], "options": {"queries": 1000}}]
+    assert [s.name for s in _ordered([SQUARE, RAYS], battery=fewer)] == ["esc-rays", "esc-square"]
+
+
+def test_the_order_leaves_the_requests_as_given():
+    specs = [AttackSpec.from_dict(s) for s in (SQUARE, PGD_LAST)]
+    before = [s.to_dict() for s in specs]
+    ordered(_context(), specs, 3)
+    assert [s.to_dict() for s in specs] == before
+
+
+@pytest.mark.parametrize("kind", ["process-memory"])
+def test_a_run_probes_the_black_box_escalations_after_the_gradient_one_answered(kind, cifar_root, tmp_path):
+    """The module-level memory defense through ``apgd-ce`` with escalations: ``esc-pgd-last``, which the first batch
+    asked for, runs before the battery and breaks what the memory hid; Square and RayS then run on a probe of the
+    survivors, not on all of them."""
+    from hostile_zoo import PROCESS_MEMORY, make_function_zoo
+    from outside_zoo import EPS, network
+
+    n = 16
+    PROCESS_MEMORY.clear()
+    defense, _ = make_function_zoo(kind, network(), radius=EPS)
+    cfg = RunConfig(defense="zoo", data_root=str(cifar_root), out=str(tmp_path), n=n, seed=0, eps=EPS,
+                    shard_size=8, batch_size=16, device="cpu", quiet=True, attacks="apgd-ce",
+                    attack_opts={"apgd-ce.steps": 10, "esc-pgd-last.steps": 20, "esc-square.queries": 50,
+                                 "esc-rays.queries": 50})
+    try:
+        run_dir = runner.run(cfg, defense=defense)
+    finally:
+        PROCESS_MEMORY.clear()
+    config = load_config(run_dir)
+    assert config.battery[0]["name"] == "esc-pgd-last"  # asked for by the first batch: before the battery
+    names = [e["name"] for e in config.escalations]
+    assert set(names[-2:]) == {"esc-square", "esc-rays"}, names
+    records = load_records(run_dir)
+    before_square = records[records.stage <= len(config.battery) + len(names) - 2]
+    survivors = int(attackable_after(before_square, "all").sum())
+    for name in ("esc-square", "esc-rays"):
+        rows = records[records.attack == name]
+        assert len(rows) == n  # every sample has its row: attempted, deferred or decided before
+        # the survivors of esc-pgd-last are robust in truth: 50 queries break none of the probe, so none is extended
+        probe_only = [f for f in load_diagnostics(run_dir) if f["code"] == FlagCode.PROBE_ONLY.value
+                      and f["attack"] == name]
+        probed = probe_size(ESCALATION_PROBE, survivors)
+        assert int(rows.attempted.sum()) == probed < survivors and probe_only, (name, survivors)
