@@ -15,6 +15,8 @@ defense-aware attack (``joint-rec``) runs on them too. :func:`grid_batch` gives 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -322,3 +324,22 @@ def true_robust(fn: nn.Module, x: Tensor, y: Tensor, eps: float, *, steps: int =
             z = (x + (z + eps / 4 * grad.sign() - x).clamp(-eps, eps)).clamp(0, 1)
         ok &= correct(z)
     return ok
+
+
+def run_process_memory(net: nn.Module, root: str, out: str, *, n: int = 16, shard_size: int = 16,
+                       eps: float = 8 / 255) -> Any:
+    """The run directory of ``apgd-ce`` (10 steps, short escalations) on the ``process-memory`` defense around
+    ``net``, the module-level memory cleared before and after."""
+    import harness.run.runner as runner
+    from harness.api.config import RunConfig
+
+    PROCESS_MEMORY.clear()
+    defense, _ = make_function_zoo("process-memory", net, radius=eps)
+    cfg = RunConfig(defense="zoo", data_root=str(root), out=str(out), n=n, seed=0, eps=eps, shard_size=shard_size,
+                    batch_size=16, device="cpu", quiet=True, attacks="apgd-ce",
+                    attack_opts={"apgd-ce.steps": 10, "esc-pgd-last.steps": 20, "esc-square.queries": 50,
+                                 "esc-rays.queries": 50})
+    try:
+        return runner.run(cfg, defense=defense)
+    finally:
+        PROCESS_MEMORY.clear()

@@ -18,7 +18,7 @@ from harness.api.target import Target
 from harness.diagnostics.gradcheck import loss_ignores_gradient, taylor_agreement
 from harness.diagnostics.preflight import FirstBatch, preflight
 from harness.sources.datasets import load_test_set
-from hostile_zoo import PROCESS_MEMORY, make_function_zoo
+from hostile_zoo import PROCESS_MEMORY, make_function_zoo, run_process_memory
 
 EPS = 8 / 255
 
@@ -83,20 +83,9 @@ def test_bpda_and_surrogate_modes_are_not_judged(at_small, batch):
 def test_a_run_on_the_process_memory_defense_flags_the_first_batch_and_the_stage(at_small, cifar_root, tmp_path):
     """Through ``harness run``: the first-batch check and the check after the stage (at the attack's own points on
     samples it failed on) both raise the flag, and the run adds the gradient-free escalation."""
-    import harness.run.runner as runner
-    from harness.api.config import RunConfig
     from harness.store.rundir import load_diagnostics
 
-    PROCESS_MEMORY.clear()
-    defense, _ = make_function_zoo("process-memory", at_small, radius=EPS)
-    cfg = RunConfig(defense="zoo", data_root=str(cifar_root), out=str(tmp_path), n=16, seed=0, eps=EPS,
-                    shard_size=16, batch_size=16, device="cpu", quiet=True, attacks="apgd-ce",
-                    attack_opts={"apgd-ce.steps": 10, "esc-pgd-last.steps": 10, "esc-square.queries": 50,
-                                 "esc-rays.queries": 50})
-    try:
-        run_dir = runner.run(cfg, defense=defense)
-    finally:
-        PROCESS_MEMORY.clear()
+    run_dir = run_process_memory(at_small, cifar_root, tmp_path, eps=EPS)
     flags = [f for f in load_diagnostics(run_dir) if f["code"] == FlagCode.GRADIENT_MISPREDICTS.value]
     assert {f["attack"] for f in flags} >= {"preflight", "apgd-ce"}, flags
     assert any(name.startswith("esc-square") for f in flags for name in f.get("escalated", [])), flags

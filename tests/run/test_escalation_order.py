@@ -3,10 +3,8 @@ gradient-free ones last and probed, so a defense the first escalation answered c
 """
 from __future__ import annotations
 
-import pytest
 import torch
 
-import harness.run.runner as runner
 from conftest import TinyCNN
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
@@ -72,25 +70,15 @@ def test_the_order_leaves_the_requests_as_given():
     assert [s.to_dict() for s in specs] == before
 
 
-@pytest.mark.parametrize("kind", ["process-memory"])
-def test_a_run_probes_the_black_box_escalations_after_the_gradient_one_answered(kind, cifar_root, tmp_path):
+def test_a_run_probes_the_black_box_escalations_after_the_gradient_one_answered(cifar_root, tmp_path):
     """The module-level memory defense through ``apgd-ce`` with escalations: ``esc-pgd-last``, which the first batch
     asked for, runs before the battery and breaks what the memory hid; Square and RayS then run on a probe of the
     survivors, not on all of them."""
-    from hostile_zoo import PROCESS_MEMORY, make_function_zoo
-    from outside_zoo import EPS, network
+    from hostile_zoo import run_process_memory
+    from outside_zoo import network
 
     n = 16
-    PROCESS_MEMORY.clear()
-    defense, _ = make_function_zoo(kind, network(), radius=EPS)
-    cfg = RunConfig(defense="zoo", data_root=str(cifar_root), out=str(tmp_path), n=n, seed=0, eps=EPS,
-                    shard_size=8, batch_size=16, device="cpu", quiet=True, attacks="apgd-ce",
-                    attack_opts={"apgd-ce.steps": 10, "esc-pgd-last.steps": 20, "esc-square.queries": 50,
-                                 "esc-rays.queries": 50})
-    try:
-        run_dir = runner.run(cfg, defense=defense)
-    finally:
-        PROCESS_MEMORY.clear()
+    run_dir = run_process_memory(network(), cifar_root, tmp_path, n=n, shard_size=8)
     config = load_config(run_dir)
     assert config.battery[0]["name"] == "esc-pgd-last"  # asked for by the first batch: before the battery
     names = [e["name"] for e in config.escalations]
