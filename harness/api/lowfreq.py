@@ -236,11 +236,11 @@ class LowFrequency(Threat):
         return (f"low-frequency L2 ball of radius {describe_eps(self.eps)} in the DCT band max(u, v) < {self.band} "
                 f"within bounds {self.bounds}")
 
-    def noise(self, x: Tensor, gen: torch.Generator) -> Tensor | None:
+    def noise(self, x: Tensor) -> Tensor | None:
         """In-band Gaussian directions of norm ``eps``, moved into the bounds (none for an infinite or zero eps)."""
         if not math.isfinite(self.eps) or self.eps <= 0 or x.shape[0] == 0:
             return None
-        z = torch.randn((*x.shape[:-2], self.band, self.band), generator=gen, device=x.device, dtype=torch.float64)
+        z = torch.randn((*x.shape[:-2], self.band, self.band), device=x.device, dtype=torch.float64)
         z = z * (self.eps / z.flatten(1).norm(dim=1).clamp_min(1e-300)).view(-1, *([1] * (z.dim() - 1)))
         return self.project(x, (x.double() + self.synthesize(z, x.shape)).to(x.dtype))
 

@@ -91,9 +91,9 @@ class Threat(ABC):
     def describe(self) -> str:
         """The set in a few words, for flags and reports: ``Linf ball eps=8/255 within bounds (0, 1)``."""
 
-    def noise(self, x: Tensor, gen: torch.Generator) -> Tensor | None:
-        """Random points of size ``eps`` in the set around ``x``, drawn from ``gen`` (the ``noise-beats-attack``
-        check); None when the threat model has no such check."""
+    def noise(self, x: Tensor) -> Tensor | None:
+        """Random points of size ``eps`` in the set around ``x`` (the ``noise-beats-attack`` check, global RNG);
+        None when the threat model has no such check."""
         return None
 
     # -- geometry: what attacks search with ----------------------------------------------------------------------
@@ -182,16 +182,16 @@ class ThreatModel(Threat):
     def describe(self) -> str:
         return f"{self.norm} ball of radius {describe_eps(self.eps)} within bounds {self.bounds}"
 
-    def noise(self, x: Tensor, gen: torch.Generator) -> Tensor | None:
+    def noise(self, x: Tensor) -> Tensor | None:
         """ℓ∞: ±eps per pixel with random signs; ℓ2: a Gaussian direction scaled to eps; clipped to the bounds
         (none for ℓ1 or an infinite or zero eps)."""
         eps = self.eps
         if not math.isfinite(eps) or eps <= 0 or self.norm not in ("Linf", "L2"):
             return None
         if self.norm == "Linf":
-            d = eps * torch.randint(0, 2, x.shape, generator=gen, device=x.device, dtype=x.dtype).mul(2).sub(1)
+            d = eps * torch.randint(0, 2, x.shape, device=x.device, dtype=x.dtype).mul(2).sub(1)
         else:
-            d = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
+            d = torch.randn_like(x)
             d = eps * d / d.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (x.dim() - 1)))
         return (x + d).clamp(*self.bounds)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
+from harness.api.flags import FlagCode
 from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec, options_for
 from harness.store.rundir import RunStore
 
@@ -61,6 +62,15 @@ def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
     for s in out:
         s.options.update(options_for(s.name, attack_opts))
     return out
+
+
+def requested_by(store: RunStore, n_shards: int, codes: Collection[FlagCode],
+                 preflight: Sequence[dict[str, Any]] = ()) -> set[str]:
+    """The names of the escalations some flag with one of ``codes`` asked for (first-batch findings and every
+    shard's flags)."""
+    wanted = {c.value for c in codes}
+    return {str(spec["name"]) for flag in _all_flags(store, n_shards, preflight) if flag.get("code") in wanted
+            for spec in flag.get("escalate", [])}
 
 
 def in_rungs_of(escalation: AttackSpec, flagged: AttackSpec | None) -> AttackSpec:

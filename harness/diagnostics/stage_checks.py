@@ -171,9 +171,8 @@ def check_noise(c: Evidence) -> Flag | None:
         return None
     broken = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     control = torch.zeros_like(broken)
-    gen = torch.Generator(device=x.device).manual_seed(int(c.o.seed) & 0x7FFFFFFF)  # not the defense's global RNG
     for _ in range(NOISE_TRIES):
-        noise = threat.noise(x, gen)
+        noise = threat.noise(x)
         if noise is None:  # a threat model without random points of its size (Threat.noise)
             return None
         broken |= ~correct(t.predict(noise, c.draws), y)

@@ -17,6 +17,11 @@ robust, so a sample one escalation breaks costs the later ones nothing. The rule
    if it broke one of them; otherwise they keep the verdict the attacks before gave, and the flag ``probe-only``
    bounds (95%) the share the attack would have broken.
 
+A gradient-free escalation is not probed when a flag that says the gradients cannot be used asked for it
+(``noise-beats-attack``, ``dead-gradient-mode``, ``no-gradient``, ``grad-changes-output``:
+:data:`harness.diagnostics.escalation.QUERY_FLAGS`): there it is the answer, not a supplement to a gradient attack,
+and a probe that misses would leave the samples it alone can break.
+
 An escalation that runs what a battery entry already ran (the same attack, options, gradient mode and draws) is
 dropped: it would only repeat that stage with another seed.
 
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from harness.api.config import RunConfig
 from harness.battery.spec import AttackSpec
@@ -42,17 +47,19 @@ from harness.store.rundir import RunStore
 ESCALATION_PROBE = 0.2
 
 
-def ordered(context: RunContext, specs: list[AttackSpec], first_stage: int) -> list[AttackSpec]:
+def ordered(context: RunContext, specs: list[AttackSpec], first_stage: int,
+            whole: Collection[str] = ()) -> list[AttackSpec]:
     """``specs`` (escalations from stage ``first_stage`` on) in the order they run, the gradient-free ones last and
-    probed (module docstring), without those the battery already ran (:func:`repeats_battery`); a new list, ``specs``
-    unchanged."""
+    probed unless named in ``whole`` (module docstring), without those the battery already ran
+    (:func:`repeats_battery`); a new list, ``specs`` unchanged."""
     costs, late = [], []
     probe = not (context.config.every_attack or context.config.until is not None)
     specs = [s for s in specs if not repeats_battery(context, s, first_stage)]
     for spec in specs:
         plan = context.plan(first_stage, spec)
         costs.append(plan.attack.declared_passes(plan.resolved.eot, context.defense.num_classes))
-        late.append(not plan.attack.capabilities.uses_gradients and probe or spec.schedule(spec.name)[1] is not None)
+        free = not plan.attack.capabilities.uses_gradients and probe and spec.name not in whole
+        late.append(free or spec.schedule(spec.name)[1] is not None)
     order = sorted(range(len(specs)), key=lambda i: (late[i], costs[i], i))  # probed entries end the cascade
     return [probed(specs[i]) if late[i] else specs[i] for i in order]
 

@@ -26,8 +26,9 @@ from harness.battery.catalog import default_preset
 from harness.battery.presets import ESCALATION_PREFIX, battery_settings, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.battery.spec import AttackSpec
+from harness.diagnostics.escalation import QUERY_FLAGS
 from harness.diagnostics.isolated import start_server
-from harness.diagnostics.merge import collect_escalations, run_flags
+from harness.diagnostics.merge import collect_escalations, requested_by, run_flags
 from harness.errors import UsageError
 from harness.progress import get_logger, shard_text
 from harness.run import corruption_stages
@@ -304,7 +305,8 @@ def _after_battery(ctx: RunShards, executor: Executor, shards: list[list[int]],
     _probed_phases(ctx, executor, shards, base, 1)
     escalations = (collect_escalations(ctx.store, len(shards), base, findings, cfg.attack_opts) if cfg.escalate
                    else [])
-    ctx.escalate(ordered(ctx.context, escalations, len(base) + 1))
+    whole = requested_by(ctx.store, len(shards), QUERY_FLAGS, findings)  # black-box attacks as the answer: unprobed
+    ctx.escalate(ordered(ctx.context, escalations, len(base) + 1, whole))
     with ctx.store.run_lock():
         ctx.store.write_config(ctx.context.config)
     if escalations:

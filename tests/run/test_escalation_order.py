@@ -28,8 +28,8 @@ def _context(**kw) -> RunContext:
     return RunContext(RunConfig(eps=8 / 255, norm="Linf", **kw), defense, torch.device("cpu"))
 
 
-def _ordered(specs, **kw) -> list[AttackSpec]:
-    return ordered(_context(**kw), [AttackSpec.from_dict(s) for s in specs], 3)
+def _ordered(specs, whole=(), **kw) -> list[AttackSpec]:
+    return ordered(_context(**kw), [AttackSpec.from_dict(s) for s in specs], 3, whole)
 
 
 def test_gradient_escalations_run_first_cheapest_first_and_the_gradient_free_ones_last_probed():
@@ -53,6 +53,15 @@ def test_a_probe_the_user_gave_is_kept_and_every_attack_or_until_probes_none():
     assert _ordered([mine])[0].schedule()[1] == 100
     assert all(s.schedule()[1] is None for s in _ordered([SQUARE, RAYS, PGD_LAST], every_attack=True))
     assert all(s.schedule()[1] is None for s in _ordered([SQUARE, RAYS], until="decided"))
+
+
+def test_black_box_escalations_are_run_whole_where_a_flag_says_the_gradients_cannot_be_used():
+    """Asked for by ``grad-changes-output`` (or another of QUERY_FLAGS), Square and RayS are the answer, not a
+    supplement: a probe that missed would leave what only they break."""
+    out = _ordered([SQUARE, RAYS, PGD_LAST], whole={"esc-square"})
+    assert {s.name: s.schedule()[1] for s in out} == {"esc-pgd-last": None, "esc-square": None,
+                                                      "esc-rays": ESCALATION_PROBE}
+    assert out[-1].name == "esc-rays"  # probed entries end the cascade
 
 
 def test_an_escalation_the_battery_already_ran_is_dropped():
