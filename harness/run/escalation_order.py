@@ -39,7 +39,7 @@ from typing import Any, Collection, Sequence
 from harness.api.config import RunConfig
 from harness.battery.spec import AttackSpec
 from harness.diagnostics.merge import collect_escalations
-from harness.run.plan import RunContext
+from harness.run.plan import RunContext, StagePlan
 from harness.store.rundir import RunStore
 
 # the share of the samples still robust a gradient-free escalation tries first (at least one): a fifth of the cost,
@@ -50,33 +50,25 @@ ESCALATION_PROBE = 0.2
 def ordered(context: RunContext, specs: list[AttackSpec], first_stage: int,
             whole: Collection[str] = ()) -> list[AttackSpec]:
     """``specs`` (escalations from stage ``first_stage`` on) in the order they run, the gradient-free ones last and
-    probed unless named in ``whole`` (module docstring), without those the battery already ran
-    (:func:`repeats_battery`); a new list, ``specs`` unchanged."""
-    costs, late = [], []
+    probed unless named in ``whole``, without those that run what a battery entry already ran (module docstring); a
+    new list, ``specs`` unchanged."""
+    ran = {_runs_as(context.plan(i, b)) for i, b in enumerate(context.battery, start=1)}
     probe = not (context.config.every_attack or context.config.until is not None)
-    specs = [s for s in specs if not repeats_battery(context, s, first_stage)]
-    for spec in specs:
+    kept: list[tuple[bool, float, int, AttackSpec]] = []
+    for i, spec in enumerate(specs):
         plan = context.plan(first_stage, spec)
-        costs.append(plan.attack.declared_passes(plan.resolved.eot, context.defense.num_classes))
+        if _runs_as(plan) in ran:  # it would only repeat that stage with another seed
+            continue
         free = not plan.attack.capabilities.uses_gradients and probe and spec.name not in whole
-        late.append(free or spec.schedule(spec.name)[1] is not None)
-    order = sorted(range(len(specs)), key=lambda i: (late[i], costs[i], i))  # probed entries end the cascade
-    return [probed(specs[i]) if late[i] else specs[i] for i in order]
+        late = free or spec.schedule(spec.name)[1] is not None  # probed entries end the cascade
+        kept.append((late, plan.attack.declared_passes(plan.resolved.eot, context.defense.num_classes), i, spec))
+    return [probed(spec) if late else spec for late, _, _, spec in sorted(kept, key=lambda k: k[:3])]
 
 
-def _runs_as(context: RunContext, spec: AttackSpec, stage: int) -> tuple[str, str, str, int]:
-    """What a stage of ``spec`` runs: its attack's class and options as built, its gradient mode and EOT draws."""
-    plan = context.plan(stage, spec)
+def _runs_as(plan: StagePlan) -> tuple[str, str, str, int]:
+    """What a stage runs: its attack's class and options as built, its gradient mode and EOT draws."""
     config = json.dumps(plan.attack.config(), sort_keys=True, default=str)
     return type(plan.attack).__qualname__, config, plan.resolved.grad_mode, int(plan.resolved.eot)
-
-
-def repeats_battery(context: RunContext, spec: AttackSpec, stage: int) -> bool:
-    """The escalation ``spec`` runs what a battery entry already ran (the same attack, options, gradient mode and
-    draws: standard-fast's Square and the ``esc-square`` a flag asks for): it would only repeat that stage with
-    another seed on the samples it left robust (those its probe left unattacked are flagged ``probe-only``)."""
-    mine = _runs_as(context, spec, stage)
-    return any(_runs_as(context, b, i) == mine for i, b in enumerate(context.battery, start=1))
 
 
 def probed(spec: AttackSpec) -> AttackSpec:
