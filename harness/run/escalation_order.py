@@ -52,6 +52,8 @@ def ordered(context: RunContext, specs: list[AttackSpec], first_stage: int,
     """``specs`` (escalations from stage ``first_stage`` on) in the order they run, the gradient-free ones last and
     probed unless named in ``whole``, without those that run what a battery entry already ran (module docstring); a
     new list, ``specs`` unchanged."""
+    if not specs:  # nothing to order: no plan built
+        return []
     ran = {_runs_as(context.plan(i, b)) for i, b in enumerate(context.battery, start=1)}
     probe = not (context.config.every_attack or context.config.until is not None)
     kept: list[tuple[bool, float, int, AttackSpec]] = []
