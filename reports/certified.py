@@ -114,7 +114,7 @@ def certified_text(run_dirs: Sequence[Path], fmt: str = "markdown", *, radii: Se
 def _html(text: str, table: list, radii: Sequence[float]) -> str:
     from matplotlib.figure import Figure
 
-    from .plots import _png
+    from .plots import png
 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
@@ -127,7 +127,7 @@ def _html(text: str, table: list, radii: Sequence[float]) -> str:
     ax.set_xlabel("ℓ2 radius r")
     ax.set_ylabel("certified accuracy (%)")
     ax.legend()
-    img = base64.b64encode(_png(fig)).decode("ascii")
+    img = base64.b64encode(png(fig)).decode("ascii")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>certified accuracy</title></head><body>"
             f"<pre>{html.escape(text)}</pre><figure><img alt='certified accuracy curve' "
             f"src='data:image/png;base64,{img}'><figcaption>Certified accuracy against radius, with 95% intervals "

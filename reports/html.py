@@ -9,7 +9,18 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from .plots import convergence_passes_plot, convergence_plot, eps_plot, forest_plot, subset_histogram, subset_inputs
+from harness.errors import UsageError
+
+from .gallery import gallery_columns, gallery_figure
+from .plots import (
+    convergence_passes_plot,
+    convergence_plot,
+    eps_plot,
+    forest_plot,
+    png,
+    subset_histogram,
+    subset_inputs,
+)
 from .stochastic_section import header, note, stochastic_cells, stochastic_rows
 from .table import FLAG_MARK, Table, cell_text, flag_notes, flagged, pct, planning_note
 
@@ -64,6 +75,26 @@ def _stochastic_html(table: Table) -> str:
             f"<p>{escape(note(rows))}</p>")
 
 
+def _gallery_html(table: Table) -> str:
+    """The example gallery of every run that kept its adversarial inputs; for the others, how to get one."""
+    parts = ["<h2>Examples</h2>"]
+    for row in table.rows:
+        try:
+            columns = gallery_columns(row.run, table.settings.criterion, seed=table.settings.seed)
+        except UsageError as e:
+            parts.append(f'<p class="gallery-missing">{escape(row.label)}: {escape(str(e))}</p>')
+            continue
+        for column in columns:
+            purifier = any("purified clean" in e.images for e in column.examples)
+            parts.append(_img(png(gallery_figure([column])), f"gallery {row.label} / {column.attack}",
+                              f"{row.label}, {column.attack}: samples it broke and samples that survived it (drawn "
+                              f"with seed {table.settings.seed}; broken = score under the criterion below 1/2). "
+                              f"Perturbation = adversarial − clean, amplified ×{column.amplification:g} around "
+                              "mid-grey." + (" Purified: one seeded draw of the defense's purifier on each." if purifier
+                                             else "")))
+    return "\n".join(parts)
+
+
 def render_html(table: Table) -> str:
     title = "Robustness report: " + ", ".join(r.run.run_id for r in table.rows)
     notes = "".join(f"<li>{escape(n)}</li>" for n in flag_notes(table))
@@ -91,6 +122,7 @@ def render_html(table: Table) -> str:
     eps = eps_plot(table)
     if eps is not None:
         parts.append(_img(eps, "epsilon plot", "Robust accuracy against ε (lowest attack column at each ε)."))
+    parts.append(_gallery_html(table))
     body = "\n".join(parts)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{_STYLE}</style></head>\n<body>\n{body}\n{_CHECK}\n</body></html>\n")

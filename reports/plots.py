@@ -18,7 +18,8 @@ from .outcomes import WORST
 from .table import Table
 
 
-def _png(fig: Figure) -> bytes:
+def png(fig: Figure) -> bytes:
+    """``fig`` as PNG bytes (96 dpi, tight bounding box)."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
@@ -45,7 +46,7 @@ def forest_plot(table: Table) -> bytes:
     ax.set_xlabel(f"accuracy (%) with {table.settings.confidence * 100:g}% interval (as in the table)")
     ax.set_xlim(0, 100)
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def subset_histogram(dists: dict[str, SubsetDistribution]) -> bytes:
@@ -60,7 +61,7 @@ def subset_histogram(dists: dict[str, SubsetDistribution]) -> bytes:
     ax.set_xlabel("worst-case accuracy (%) on a random k-subset; dashed = full set")
     ax.set_ylabel("subsets")
     ax.legend(fontsize=7)
-    return _png(fig)
+    return png(fig)
 
 
 def convergence_curves(table: Table) -> dict[str, np.ndarray]:
@@ -93,7 +94,7 @@ def convergence_plot(table: Table) -> bytes | None:
     ax.set_ylabel("robust accuracy (%)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def convergence_passes_plot(table: Table) -> bytes | None:
@@ -117,7 +118,7 @@ def convergence_passes_plot(table: Table) -> bytes | None:
     ax.set_ylabel("not yet broken (%)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def eps_points(table: Table) -> dict[str, list[tuple[float, float]]]:
@@ -149,7 +150,7 @@ def eps_plot(table: Table) -> bytes | None:
     ax.set_ylabel("robust accuracy (%)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def subset_inputs(table: Table, k: int = 512, n_subsets: int = 2_000) -> dict[str, SubsetDistribution]:

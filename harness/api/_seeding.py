@@ -8,7 +8,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-SEED_ATTACK, SEED_EVAL, SEED_DEFENSE, SEED_VERIFY, SEED_PROBE = 0, 1, 2, 3, 4
+SEED_ATTACK, SEED_EVAL, SEED_DEFENSE, SEED_VERIFY, SEED_PROBE, SEED_GALLERY = 0, 1, 2, 3, 4, 5
 
 
 def derive_seed(run_seed: int, shard: int, stage: int, purpose: int, chunk: int = 0) -> int:

@@ -1,6 +1,7 @@
 """What :func:`harness.evaluate` returns: one run's results, read from its run directory, in the forms a notebook
 wants (the table in any report format, per-sample records and outcomes as pandas DataFrames, a numeric summary,
-the fired flags with their explanations, the adversarial examples, and a paired comparison with another run).
+the fired flags with their explanations, the adversarial examples and their gallery, and a paired comparison with
+another run).
 
 Everything is read back from the run directory through the report and store readers, so a :class:`Result` says
 exactly what ``harness report`` and ``harness compare`` say about the same directory, and a run evaluated
@@ -26,6 +27,7 @@ from harness.reports.table import Cell
 from harness.stats.criteria import DEFAULT_REPORT_CRITERION
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
     from torch import Tensor
 
     from harness.stats.intervals import Interval
@@ -157,6 +159,16 @@ class Result:
         chosen = names if attack is None else [attack]
         indices = torch.cat([torch.as_tensor(s["index"]) for s in stored]) if stored else torch.zeros(0, dtype=torch.long)
         return indices, {name: torch.cat([s["x_adv"][name] for s in stored]) for name in chosen}
+
+    def gallery(self, attack: str | None = None, *, k: int = 3) -> Figure:
+        """The example gallery as a matplotlib figure (as the HTML report shows it): per attack column (or only
+        ``attack``), up to ``k`` samples it broke and ``k`` that survived, drawn with the settings' seed; each as the
+        clean image, the adversarial input, the amplified perturbation and, for a defense with a purifier, the
+        purifier's output on both. Needs a run made with ``save_adversarials=True``. ``fig.savefig(path)`` saves it."""
+        from harness.reports.gallery import gallery_columns, gallery_figure
+
+        s = self.settings
+        return gallery_figure(gallery_columns(self.run, s.criterion, attack=attack, k=k, seed=s.seed))
 
     def compare(self, other: Result | str | Path, **options: Any) -> RunComparison:
         """Paired comparison with another run, as ``harness compare`` (options: ``attack``, ``attack_b``,

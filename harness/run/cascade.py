@@ -19,6 +19,7 @@ from harness.diagnostics.outside import outside_flags, refuse_read_back
 from harness.progress import get_logger, shard_text
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, frame
+from harness.run.kept import Kept
 from harness.run.plan import ShardBatch, StagePlan
 from harness.run.probe import ProbePlan
 from harness.run.rungs import run_rung_stage
@@ -52,7 +53,7 @@ class ShardState:
     frames: list[pd.DataFrame]
     side: dict[str, Any]
     robust: Tensor
-    adv: dict[str, Any] | None = None
+    adv: Kept | None = None
     dead: tuple[str, str] | None = None
     done: int = 0
     rung: dict[str, Any] | None = None
@@ -66,7 +67,8 @@ def compute_shard(host: ShardHost, work: ShardWork) -> list[dict[str, Any]]:
         _stage(host, work, state, k, key)
         if k + 1 < len(work.plans):
             _save(host, work, state, key, k + 1)
-    host.store.write_shard(work.shard, pd.concat(state.frames, ignore_index=True), state.side, state.adv)
+    host.store.write_shard(work.shard, pd.concat(state.frames, ignore_index=True), state.side,
+                           state.adv.stored if state.adv is not None else None)
     drop_partial(host.store.records_dir, work.shard)
     return state.summary
 
@@ -85,7 +87,7 @@ def _open(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str, Any]]
     if stored is not None:  # continue where an interrupted computation of this shard stopped
         log.info("%s: continuing after %d stored stage(s)", shard_text(shard, host.n_shards), stored["done"])
         state = ShardState(batch, [bytes_frame(stored["frames"])], json.loads(stored["side"]),
-                           stored["robust"].to(context.device), stored.get("adv"),
+                           stored["robust"].to(context.device), _kept(host, batch, stored.get("adv")),
                            tuple(stored["dead"]) if stored.get("dead") else None,  # type: ignore[arg-type]
                            int(stored["done"]), stored.get("rung"))
     elif work.prior is None:
@@ -93,8 +95,17 @@ def _open(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str, Any]]
     else:
         state = _resumed(host, batch, work)
     if cfg.save_adversarials and state.adv is None:
-        state.adv = {"index": torch.as_tensor(indices), "x_adv": {}}
+        state.adv = _kept(host, batch, None)
     return state, key
+
+
+def _kept(host: ShardHost, batch: ShardBatch, stored: dict[str, Any] | None) -> Kept | None:
+    """The shard's kept inputs (``stored`` ones continued), or None when the run keeps none."""
+    context = host.context
+    if not context.config.save_adversarials:
+        return None
+    return Kept.open(stored, list(batch.indices), batch.x, context.defense, run_seed=context.seed, shard=batch.shard,
+                     batch_size=batch.batch_size)
 
 
 def _clean(host: ShardHost, batch: ShardBatch, indices: list[int]) -> ShardState:
@@ -124,7 +135,7 @@ def _resumed(host: ShardHost, batch: ShardBatch, work: ShardWork) -> ShardState:
     state = attackable_after(prior, host.context.decide_by)  # the cascade's state after the stored stages
     robust = torch.tensor(state.loc[work.indices].to_numpy(), device=host.context.device)
     adv = host.store.read_adversarials(batch.shard) if host.context.config.save_adversarials else None
-    return ShardState(batch, [prior[COLUMNS]], side, robust, adv, dead)
+    return ShardState(batch, [prior[COLUMNS]], side, robust, _kept(host, batch, adv), dead)
 
 
 def _save(host: ShardHost, work: ShardWork, state: ShardState, key: dict[str, Any], done: int,
@@ -132,7 +143,7 @@ def _save(host: ShardHost, work: ShardWork, state: ShardState, key: dict[str, An
     save_partial(host.store.records_dir, work.shard, key, {
         "done": done, "frames": frame_bytes(pd.concat(state.frames, ignore_index=True)),
         "side": json.dumps(state.side), "robust": state.robust.cpu(), "dead": list(state.dead) if state.dead else None,
-        "adv": state.adv, "rung": rung})
+        "adv": state.adv.stored if state.adv is not None else None, "rung": rung})
 
 
 def _why_skip(host: ShardHost, plan: StagePlan, state: ShardState) -> str:
@@ -196,9 +207,7 @@ def _record(host: ShardHost, work: ShardWork, state: ShardState, outcome: StageO
             state.dead = (str(outcome.target.grad_mode), found)
             state.side["dead"] = list(state.dead)  # the escalation phase skips this mode on this shard too
     if state.adv is not None:
-        full = state.batch.x.clone()
-        full[outcome.robust_before] = outcome.x_adv
-        state.adv["x_adv"][name] = full.cpu()
+        state.adv.stage(name, outcome.stage, outcome.x_adv, outcome.robust_before)
     host.bar(name).update(len(work.indices))
 
 
@@ -219,7 +228,7 @@ def _record_skip(host: ShardHost, work: ShardWork, state: ShardState, plan: Stag
     state.side["stages"].append(plan.name)
     state.side["attacks"][plan.name] = {"attempted": 0, "robust_after": int(state.robust.sum()), "skipped": why}
     if state.adv is not None:
-        state.adv["x_adv"][plan.name] = state.batch.x.cpu()
+        state.adv.stage(plan.name, plan.stage, state.batch.x[:0], torch.zeros(n, dtype=torch.bool))
     host.bar(plan.name).update(n)
     log.info("%s, %s: skipped, %s", shard_text(work.shard, host.n_shards), plan.name, why)
     state.summary.append(dict(stage=plan.name, attempted=0, robust=int(state.robust.sum()), seconds=0.0, checks=0.0))

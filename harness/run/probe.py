@@ -33,6 +33,7 @@ from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, frame
+from harness.run.kept import Kept
 from harness.run.plan import ShardBatch, StagePlan
 from harness.run.schedule import merge_per_sample, stage_extras
 from harness.run.stage import flag_dict, run_stage
@@ -123,9 +124,11 @@ def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePl
     entry = side["attacks"][name]
     entry["probe"] = plan.info(int(entry.get("probe", {}).get("members", 0)))
     adv = store.read_adversarials(shard) if context.config.save_adversarials else None
+    kept = None if adv is None else Kept.open(adv, indices, host.data.get(indices, context.device)[0], context.defense,
+                                              run_seed=context.seed, shard=shard, batch_size=host.batching.size)
     summary: list[dict[str, Any]] = []
     if deferred.any() and plan.broken:
-        part, summary = _extend(host, shard, indices, stage, (part, deferred), side, adv)
+        part, summary = _extend(host, shard, indices, stage, (part, deferred), side, kept)
     elif deferred.any():
         part.loc[deferred, "skipped"] = plan.unbroken()
         side["diagnostics"].append(StoredFlag(FlagCode.PROBE_ONLY, name, plan.unbroken(), FlagCode.PROBE_ONLY.remedy,
@@ -141,7 +144,7 @@ def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePl
 
 
 def _extend(host: ShardHost, shard: int, indices: list[int], stage: StagePlan, rows: tuple[pd.DataFrame, np.ndarray],
-            side: dict[str, Any], adv: dict[str, Any] | None) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+            side: dict[str, Any], kept: Kept | None) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """The probed stage run on the ``deferred`` rows of its stored ``part`` (``rows``), as part 1 of the stage."""
     (part, deferred), context = rows, host.context
     x, y = host.data.get(indices, context.device)
@@ -153,8 +156,8 @@ def _extend(host: ShardHost, shard: int, indices: list[int], stage: StagePlan, r
     outcome, cols, _ = run_stage(context, stage, batch, rest, part=1)
     part = merge_rows(part, frame(cols, indices, y, shard, stage.stage, stage.name), deferred)
     side["diagnostics"].extend(flag_dict(f, outcome) for f in diagnostics.after_stage(outcome))
-    if adv is not None:
-        adv["x_adv"][stage.name][outcome.robust_before.cpu()] = outcome.x_adv.cpu()
+    if kept is not None:
+        kept.stage(stage.name, stage.stage, outcome.x_adv, outcome.robust_before)
     entry = side["attacks"][stage.name]
     extras = stage_extras(outcome, part, indices)
     merge_per_sample(entry, extras.pop("per_sample", None))

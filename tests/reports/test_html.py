@@ -73,3 +73,21 @@ def test_chromium_check_can_fail(tmp_path: Path) -> None:
     res = _chromium(["--dump-dom", page.as_uri()], tmp_path / "profile")
     assert any("plot failed to load: x" in line for line in res.stderr.splitlines() if ":CONSOLE" in line)
     assert 'data-plots-loaded="0"' in res.stdout
+
+
+SHIPPED_GALLERY = Path(__file__).resolve().parents[2] / "results" / "gallery" / "jpeg-apgd"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium: apt-get update && apt-get install -y chromium")
+def test_the_shipped_runs_gallery_decodes_in_headless_chromium(tmp_path: Path) -> None:
+    """The shipped run kept with --save-adversarials renders its gallery: every image decodes in the browser."""
+    page = tmp_path / "gallery.html"
+    page.write_text(render([SHIPPED_GALLERY], "html", n_resamples=2_000))
+    alts = re.findall(r'<img class="plot" alt="([^"]+)"', page.read_text())
+    gallery = [a for a in alts if a.startswith("gallery jpeg / ")]
+    assert gallery == ["gallery jpeg / apgd-ce", "gallery jpeg / apgd-t", "gallery jpeg / esc-rays",
+                       "gallery jpeg / esc-square"]
+    res = _chromium(["--dump-dom", page.as_uri()], tmp_path / "profile")
+    assert [line for line in res.stderr.splitlines() if ":CONSOLE" in line] == []
+    total = len(alts)
+    assert f'data-plots-loaded="{total}"' in res.stdout and f'data-plots-total="{total}"' in res.stdout
