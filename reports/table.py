@@ -268,7 +268,10 @@ def verdict_note(table: Table) -> str:
 
     kinds: dict[tuple[str, bool], list[str]] = {}
     for row in table.rows:
-        kind = row.run.provenance.get("verdict")
+        prov = row.run.provenance
+        kind, there = prov.get("verdict"), prov.get("verify_device")
+        if kind and there and there != prov.get("device"):  # --verify-device: on another device than the attacks
+            kind = f"{kind} on {there}"
         if kind:
             kinds.setdefault((str(kind), FlagCode.SIDE_EFFECTS.value in row.flags), []).append(row.label)
     said = {"isolated process": "instances of the defense built anew in new processes",
@@ -276,8 +279,13 @@ def verdict_note(table: Table) -> str:
                                  "outside the object, at module level or in class attributes, is shared by them)"}
     outside = (", but not independent of the attacks' queries: the defense acted outside the process while answering "
                "(flag side-effects), and what it left there reaches every instance")
-    return "".join(f" Verdict of {', '.join(labels)}: from {said.get(kind, kind)}{outside if acted else ''}."
+    return "".join(f" Verdict of {', '.join(labels)}: from {_said(said, kind)}{outside if acted else ''}."
                    for (kind, acted), labels in kinds.items())
+
+
+def _said(said: dict[str, str], kind: str) -> str:
+    base, _, there = kind.partition(" on ")
+    return said.get(base, base) + (f", on {there} (--verify-device; the attacks ran elsewhere)" if there else "")
 
 
 def _scope_sentence(seq: dict) -> str:

@@ -32,7 +32,7 @@ from harness.stats.criteria import DEFAULT_DECIDE_BY, criterion_names
 from harness.stats.sequential import Scope
 
 # fields that do not change results and are left out of the run id
-NON_RESULT_FIELDS = ("device", "threads", "batch_size", "quiet", "out", "run_id", "data_root", "download",
+NON_RESULT_FIELDS = ("device", "verify_device", "threads", "batch_size", "quiet", "out", "run_id", "data_root", "download",
                      "escalations", "allow_large_eps", "allow_side_effects")
 # fields added after format version 1, with the value older runs had: they enter the run-id hash only when set
 # otherwise, so older run ids stay valid
@@ -111,6 +111,7 @@ class RunConfig:
     shard_size: int = 256
     batch_size: int = 256
     device: str = "auto"
+    verify_device: str | None = None  # the device of the verdict's fresh instances (None: the run's device)
     threads: int | None = None  # torch CPU threads of the run's process (None: torch's default)
     autocast: str = Autocast.NONE.value
     channels_last: bool = False  # networks and inputs in channels-last memory format (harness.run._acceleration)

@@ -78,6 +78,8 @@ RUN_HELP: dict[str, str] = {
                    "statistics) or train (as handed over) [default: eval when that changes no output, else the run "
                    "is refused until you say]",
     "device": "auto, cpu, cuda or cuda:N",
+    "verify_device": "the device of the verdict's fresh instances (cpu, cuda or cuda:N), for when the attack's GPU "
+                     "has no room for them [default: the run's --device]",
     "threads": "torch CPU threads of this process, recorded with each start in provenance.json (sessions) [default: "
                "torch's own, usually one per core]",
     "autocast": "bfloat16 autocast during attacks (CUDA or CPU; attacks that do not support it are refused)",

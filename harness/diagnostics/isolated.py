@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import numpy as np
 import torch
@@ -48,13 +48,21 @@ from harness.api._seeding import seeded
 from harness.api.defense import DEFENSES, Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.registry import absolute_spec, spec_file
-from harness.errors import HarnessError, SetupError, one_line
+from harness.device.memory import is_out_of_memory, peak_bytes, release_memory
+from harness.errors import DoesNotFitError, HarnessError, SetupError, one_line
+from harness.progress import get_logger
 from harness.watch.guard import Guard, Seen
 
 # what the fork server imports before forking: torch and the engine, never a defense's module
 PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated"]
 START_METHOD = "forkserver"  # see the module docstring: not "spawn" (every call would import torch again)
 _FILE_PLUGIN = "_harness_plugin_"  # module names the registry gives files it loaded (harness.api.registry)
+log = get_logger("verdict")
+T = TypeVar("T")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
 
 
 class VerdictKind(Enum):
@@ -113,18 +121,46 @@ class DefenseRecipe:
 # Tensors cross the process boundary as numpy arrays (pickled by value): torch's own pickling would share their
 # memory through file descriptors served by the sending process, which exits right after its call.
 
+def _fitting(device: torch.device, batch_size: int, work: Callable[[int], T]) -> tuple[T, int]:
+    """``work(size)`` and the size it fitted at: halved on out-of-memory from ``batch_size``, as the attacked process
+    does (:mod:`harness.run._memory`), down to one sample."""
+    while True:
+        try:
+            return work(batch_size), batch_size
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are retried; others re-raised
+            if not is_out_of_memory(exc):
+                raise
+            if batch_size <= 1:
+                raise DoesNotFitError(f"the verdict's new process ran out of memory on {device} at batch size 1: one "
+                                      "sample does not fit beside what the attacked process holds there; give the "
+                                      "verdict another device with --verify-device (cpu, or another GPU) "
+                                      f"[{type(exc).__name__}: {one_line(exc)}]") from exc
+        release_memory()  # after the except block: the error's frames, and the tensors they held, are gone
+        batch_size //= 2
+
+
 def _evaluate(defense: Defense, device: torch.device, x: np.ndarray, y: np.ndarray, repeats: int, seed: int,
-              batch_size: int) -> tuple[np.ndarray, ...]:
-    ev = fresh_evaluation(defense, lambda: copy.deepcopy(defense), torch.from_numpy(x).to(device),
-                          torch.from_numpy(y).to(device), repeats=repeats, seed=seed, batch_size=batch_size)
-    return tuple(t.cpu().numpy() for t in (ev.preds, ev.correct, ev.finite, ev.margin))
+              batch_size: int) -> tuple[tuple[np.ndarray, ...], int]:
+    xs, ys = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+    def work(size: int) -> tuple[np.ndarray, ...]:
+        ev = fresh_evaluation(defense, lambda: copy.deepcopy(defense), xs, ys, repeats=repeats, seed=seed,
+                              batch_size=size)
+        return tuple(t.cpu().numpy() for t in (ev.preds, ev.correct, ev.finite, ev.margin))
+
+    return _fitting(device, batch_size, work)
 
 
-def _logits(defense: Defense, device: torch.device, points: np.ndarray, seed: int) -> np.ndarray:
+def _logits(defense: Defense, device: torch.device, points: np.ndarray, seed: int,
+            batch_size: int) -> tuple[np.ndarray, int]:
     at = torch.from_numpy(points).to(device)
-    with torch.no_grad(), seeded(seed, at.device):
-        out: np.ndarray = defense.logits(at, "full").float().cpu().numpy()
-    return out
+
+    def work(size: int) -> np.ndarray:
+        with torch.no_grad(), seeded(seed, at.device):
+            return torch.cat([defense.logits(at[i:i + size], "full").float().cpu()
+                              for i in range(0, len(at), size)]).numpy()
+
+    return _fitting(device, batch_size, work)
 
 
 @contextlib.contextmanager
@@ -150,15 +186,16 @@ def _in_child(conn: Connection, work: Callable[..., Any], recipe: DefenseRecipe,
               *args: Any) -> None:
     """What a new process runs: build the defense (its guard started from ``start``, the attacked process's), then
     ``work(defense, device, *args)`` in private directories; sends back ``(True, (answer, seconds the work took, what
-    the guard saw))`` (the rest of the call is the process's start: fork, imports, construction) or ``(False, the
-    exception)``."""
+    the guard saw, its peak memory on the device))`` (the rest of the call is the process's start: fork, imports,
+    construction) or ``(False, the exception)``."""
     try:
         defense = recipe.build()
         defense.guard = Guard(*start)
         started = time.perf_counter()
         with _private_dirs():
             answer = work(defense, torch.device(recipe.device), *args)
-        conn.send((True, (answer, time.perf_counter() - started, defense.guard.take().to_dict())))
+        conn.send((True, (answer, time.perf_counter() - started, defense.guard.take().to_dict(),
+                          peak_bytes(torch.device(recipe.device)))))
     except Exception as exc:  # noqa: BLE001 - every error goes back to the caller, which names the defense
         try:
             conn.send((False, exc))
@@ -184,10 +221,19 @@ def _main_left_out() -> Iterator[None]:
 @dataclass
 class Spent:
     """Wall seconds of an :class:`IsolatedProcess`'s calls: ``total`` as this process waited for them, ``working`` of
-    it spent evaluating in the new processes; the difference is the processes' start (``benchmarks/``)."""
+    it spent evaluating in the new processes; the difference is the processes' start (``benchmarks/``). The peaks
+    are of memory on the verdict's device (CUDA: allocated; the CPU: resident) in this process and in a new one."""
     calls: int = 0
     total: float = 0.0
     working: float = 0.0
+    peak_parent: int = 0
+    peak_child: int = 0
+
+    def add(self, total: float, working: float, parent: int, child: int) -> None:
+        self.calls += 1
+        self.total += total
+        self.working += working
+        self.peak_parent, self.peak_child = max(self.peak_parent, parent), max(self.peak_child, child)
 
 
 def _forget_server() -> None:
@@ -232,11 +278,16 @@ class IsolatedProcess:
         self.recipe = recipe
         self.guard = guard if guard is not None else Guard()
         self.spent = Spent()
+        self.batch_size: int | None = None  # the size a new process ran out of memory above, kept for the run
+        self.backoffs: list[dict[str, Any]] = []
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         context = start_server()
         # the thread count of this process now, so that float reductions match the attacked instance's
         recipe = dataclasses.replace(self.recipe, threads=torch.get_num_threads())
+        device = torch.device(recipe.device)
+        if device.type != "cpu":
+            release_memory()  # the attack's cached blocks go back before the new process allocates on the device
         started = time.perf_counter()
         receive, send = context.Pipe(duplex=False)
         process = context.Process(target=_in_child, args=(send, fn, recipe, self.guard.started_from(), *args),
@@ -258,18 +309,45 @@ class IsolatedProcess:
                 raise payload  # the defense's own error, as this process would have raised it (it names the defense)
             raise SetupError(f"defense {self.recipe.spec!r} could not be rebuilt and evaluated in a new process for "
                              f"the verdict: {type(payload).__name__}: {one_line(payload)}")
-        answer, working, seen = payload
+        answer, working, seen, child_peak = payload
         self.guard.absorb(Seen.from_dict(seen))
-        self.spent.calls += 1
-        self.spent.total += time.perf_counter() - started
-        self.spent.working += working
+        total, parent_peak = time.perf_counter() - started, peak_bytes(device)
+        self.spent.add(total, working, parent_peak, child_peak)
+        log.debug("verdict call %d on %s: %.2fs (%.2fs starting the process and building the defense, %.2fs "
+                  "evaluating); peak memory %s here, %s in the new process", self.spent.calls, device, total,
+                  total - working, working, _mib(parent_peak), _mib(child_peak))
         return answer
+
+    def summary(self) -> dict[str, Any]:
+        """What the calls cost, for provenance: calls, seconds (all, and starting the processes), peak memory of
+        this process and of a new one on the verdict's device, and the batch sizes it backed off to."""
+        s = self.spent
+        return {"device": self.recipe.device, "calls": s.calls, "seconds": round(s.total, 3),
+                "start_seconds": round(s.total - s.working, 3), "peak_bytes_attacked_process": s.peak_parent,
+                "peak_bytes_new_process": s.peak_child, "batch_sizes": list(self.backoffs)}
 
     def evaluate(self, x: Tensor, y: Tensor, *, repeats: int, seed: int, batch_size: int) -> Evaluation:
         """:func:`fresh_evaluation` of ``x`` by the defense built in a new process; on ``x``'s device."""
-        parts = self._call(_evaluate, x.detach().cpu().numpy(), y.cpu().numpy(), repeats, seed, batch_size)
+        asked = self._size(batch_size)
+        parts, fitted = self._call(_evaluate, x.detach().cpu().numpy(), y.cpu().numpy(), repeats, seed, asked)
+        self._fitted(asked, fitted)
         return Evaluation(*(torch.from_numpy(p).to(x.device) for p in parts))
+
+    def _size(self, batch_size: int) -> int:
+        return min(batch_size, self.batch_size or batch_size)
+
+    def _fitted(self, asked: int, fitted: int) -> None:
+        """Keep the size a new process fitted at for the rest of the run (and say so) when it backed off."""
+        if fitted < asked:
+            self.batch_size = fitted
+            self.backoffs.append({"batch_size": fitted, "from": asked})
+            log.warning("the verdict's new process ran out of memory on %s at batch size %d: it evaluated at %d, "
+                        "kept for the rest of the run's verdicts (recorded in provenance.json)", self.recipe.device,
+                        asked, fitted)
 
     def logits(self, points: Tensor, seed: int) -> Tensor:
         """The logits at ``points`` of an instance built in a new process, drawn under ``seed``; on ``points``' device."""
-        return torch.from_numpy(self._call(_logits, points.detach().cpu().numpy(), seed)).to(points.device)
+        asked = self._size(len(points))
+        out, fitted = self._call(_logits, points.detach().cpu().numpy(), seed, max(asked, 1))
+        self._fitted(asked, fitted)
+        return torch.from_numpy(out).to(points.device)

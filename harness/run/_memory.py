@@ -12,61 +12,18 @@ of it, starts at the last one.
 from __future__ import annotations
 
 import datetime as _dt
-import gc
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-import torch
-
-from harness.errors import DoesNotFitError, HarnessError, one_line
+from harness.device.memory import asked_for, is_out_of_memory, release_memory
+from harness.errors import DoesNotFitError, one_line
 from harness.progress import get_logger
 
 log = get_logger("runner")
 T = TypeVar("T")
 
-# what the allocators say: CUDA ("CUDA out of memory"), MPS ("MPS backend out of memory"), the CPU allocator
-# ("DefaultCPUAllocator: can't allocate memory"), and the C library's wording
-SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-ASKED = re.compile(r"tried to allocate\s+(?:(\d+)\s+bytes|([\d.]+\s*[KMGTP]i?B))", re.IGNORECASE)
 REMEDIES = ("--autocast bf16 (bfloat16 activations during attacks), --defense-opt grad_method=checkpoint for a "
             "purifier with exact gradients through its loop (docs/exact-gradients.md), or a --device with more memory")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) says the defense ran out of memory."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, HarnessError):
-            return False
-        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):  # torch.OutOfMemoryError since torch 2.5
-            return True
-        if isinstance(current, RuntimeError) and any(sign in str(current).lower() for sign in SIGNS):
-            return True
-        current = current.__cause__
-    return False
-
-
-def asked_for(exc: BaseException) -> str | None:
-    """The allocation that failed, as the error message states it (``2.00 GiB``), or None where it does not."""
-    found = ASKED.search(str(exc))
-    if found is None:
-        return None
-    if found.group(1) is None:
-        return found.group(2)
-    return f"{int(found.group(1)) / 2**30:.2f} GiB"
-
-
-def release_memory() -> None:
-    """Give what the failed attempt held back to the allocators (the CUDA and MPS caches included)."""
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    mps = getattr(torch, "mps", None)
-    if mps is not None and torch.backends.mps.is_available():
-        mps.empty_cache()
 
 
 @dataclass

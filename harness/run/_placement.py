@@ -56,7 +56,7 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
     pristine = Verifier.copyable(defense)
     fresh = None if pristine is None else (lambda: copy.deepcopy(pristine).to(device))
     checked: list[Defense] = []  # the instance the checks ran on
-    recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, device, "eval") if rebuildable else None
+    recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, verify_device(cfg, device), "eval") if rebuildable else None
 
     def remote(points: torch.Tensor, seed: int, mode: str) -> torch.Tensor:
         return IsolatedProcess(dataclasses.replace(recipe, module_mode=mode),  # type: ignore[arg-type]
@@ -88,12 +88,17 @@ def place_checked(cfg: RunConfig, defense: Defense, device: torch.device, pf: Pr
     """A ``defense`` freshly built from ``cfg.defense`` made ready as the run's first-batch checks ``pf`` decided (a
     worker of an executor: the driver ran the checks); its verdict comes from new processes too."""
     pristine = Verifier.copyable(defense)
-    recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, device, pf.module_mode)
+    recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, verify_device(cfg, device), pf.module_mode)
     return _ready(cfg, apply_module_mode(defense.to(device), pf.module_mode), pristine, device, pf, recipe)
 
 
 def _ready(cfg: RunConfig, defense: Defense, pristine: Defense | None, device: torch.device, pf: Preflight,
            recipe: DefenseRecipe | None) -> Placed:
     defense = accelerate(defense, channels_last=cfg.channels_last, compile=cfg.compile)
-    return Placed(defense, device, pf, verifier_for(pristine, cfg.defense, cfg.defense_opts, device, pf.module_mode,
-                                                    recipe, defense.guard))
+    return Placed(defense, device, pf, verifier_for(pristine, cfg.defense, cfg.defense_opts, verify_device(cfg, device),
+                                                    pf.module_mode, recipe, defense.guard))
+
+
+def verify_device(cfg: RunConfig, device: torch.device) -> torch.device:
+    """Where the verdict's fresh instances run: ``--verify-device``, else the run's ``device``."""
+    return device if cfg.verify_device is None else resolve_device(cfg.verify_device)

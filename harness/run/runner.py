@@ -275,7 +275,8 @@ def _open(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int]
         resuming = store.open(cfg, plan=plan, fingerprint=fp, force_resume=force_resume,
                               info=dict(device=str(placed.device), defense=placed.defense.describe(),
                                         data_source=data.source, data=data.describe(), preflight=pf.to_dict(),
-                                        verdict=placed.verifier.kind.value))
+                                        verdict=placed.verifier.kind.value,
+                                        verify_device=str(placed.verifier.device or placed.device)))
     batching.attach(store.record_batch_size)
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
              store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
@@ -334,6 +335,8 @@ def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> No
                                "the end of the run (deleted meanwhile?); run the same command again to recompute them")
         cfg = ctx.context.config  # escalations run first (first_batch_stages) are battery entries
         first = [b for b in cfg.battery if str(b.get("name", "")).startswith(ESCALATION_PREFIX)]
+        if ctx.context.verifier is not None:  # what the verdict cost in this process (debug log: per call)
+            store.record("verifier", ctx.context.verifier.summary())
         store.finish(run_flags(store, n_shards, [*first, *cfg.escalations], findings))
 
 

@@ -57,10 +57,11 @@ class Verifier:
     serve the attacks' passes on a defense that keeps state on its object."""
 
     def __init__(self, pristine: Defense | None, factory: Callable[[], Defense] | None = None,
-                 isolated: IsolatedProcess | None = None) -> None:
+                 isolated: IsolatedProcess | None = None, device: torch.device | None = None) -> None:
         if pristine is None and factory is None:
             raise ValueError("a Verifier needs the defense before its first query or a factory building it")
         self.pristine, self.factory, self.isolated = pristine, factory, isolated
+        self.device = device  # where the fresh instances run (None: on the inputs' device)
 
     @property
     def kind(self) -> VerdictKind:
@@ -90,21 +91,33 @@ class Verifier:
         if self.isolated is not None:
             return self.isolated.evaluate(x, y, repeats=repeats, seed=seed, batch_size=batch_size)
         template, fresh = self.instances()
-        return fresh_evaluation(template, fresh, x, y, repeats=repeats, seed=seed, batch_size=batch_size)
+        there = x.device if self.device is None else self.device
+        ev = fresh_evaluation(template, fresh, x.to(there), y.to(there), repeats=repeats, seed=seed,
+                              batch_size=batch_size)
+        return Evaluation(*(t.to(x.device) for t in (ev.preds, ev.correct, ev.finite, ev.margin)))
+
+    def summary(self) -> dict[str, Any]:
+        """Where the verdict ran and, for new processes, what their calls cost (provenance ``verifier``)."""
+        out: dict[str, Any] = {"kind": self.kind.value}
+        if self.device is not None:
+            out["device"] = str(self.device)
+        if self.isolated is not None:
+            out.update(self.isolated.summary())
+        return out
 
 
 def verifier_for(pristine: Defense | None, spec: str, options: dict[str, Any], device: torch.device,
                  module_mode: str, recipe: DefenseRecipe | None = None, guard: Guard | None = None) -> Verifier:
-    """The verifier of a run: fresh copies of ``pristine`` (the defense before its first query) on ``device`` in
-    ``module_mode``, or, if it could not be copied, the factory ``spec`` called again with ``options``; with a
-    ``recipe`` (a defense built from its spec), the verdict from instances built in new processes, whose findings
-    join ``guard`` (the attacked defense's)."""
+    """The verifier of a run: fresh copies of ``pristine`` (the defense before its first query) on ``device`` (the
+    verdict's: ``--verify-device``, else the run's) in ``module_mode``, or, if it could not be copied, the factory
+    ``spec`` called again with ``options``; with a ``recipe`` (a defense built from its spec), the verdict from
+    instances built in new processes, whose findings join ``guard`` (the attacked defense's)."""
     def place(d: Defense) -> Defense:
         return apply_module_mode(d.to(device), module_mode)
 
     isolated = None if recipe is None else IsolatedProcess(dataclasses.replace(recipe, module_mode=module_mode), guard)
     return Verifier(None if pristine is None else place(pristine),
-                    factory=lambda: place(create_defense(spec, **options)), isolated=isolated)
+                    factory=lambda: place(create_defense(spec, **options)), isolated=isolated, device=device)
 
 
 def reanchor(anchors: Tensor, x_adv: Tensor, threat: Threat) -> tuple[Tensor, Tensor]:

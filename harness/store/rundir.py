@@ -278,9 +278,12 @@ class RunStore:
     def record_sequential(self, info: dict[str, Any]) -> None:
         """Store where a sequential (``--until``) run stopped; its run then consists of the first
         ``info["shards"]`` shards. Call it holding :meth:`run_lock`."""
-        prov = load_provenance(self.dir)
-        prov["sequential"] = info
-        _write_json(self.dir / "provenance.json", prov)
+        self.record("sequential", info)
+
+    def record(self, key: str, value: Any) -> None:
+        """Set ``key`` of the provenance to ``value`` (a sequential stop, the verifier's summary). Call it holding
+        :meth:`run_lock`."""
+        _write_json(self.dir / "provenance.json", {**load_provenance(self.dir), key: value})
 
     def record_batch_size(self, entry: dict[str, Any]) -> None:
         """Append a batch size the run goes on with (``harness.run._memory``) to provenance, under the run lock."""

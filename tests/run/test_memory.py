@@ -18,8 +18,9 @@ from conftest import TinyCNN
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
+from harness.device.memory import asked_for, is_out_of_memory
 from harness.errors import DoesNotFitError
-from harness.run._memory import Batching, asked_for, is_out_of_memory
+from harness.run._memory import Batching
 from harness.store.rundir import TIMING_COLUMNS, load_records
 
 OOM_ERROR = torch.cuda.OutOfMemoryError  # torch.OutOfMemoryError since torch 2.5, the same class

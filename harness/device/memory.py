@@ -1,0 +1,72 @@
+"""Out-of-memory errors recognised on every device, cached memory given back, and a process's peak memory.
+
+The wording differs per allocator: CUDA raises ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before
+torch 2.5), MPS and the CPU allocator a ``RuntimeError``, Python a ``MemoryError``; :func:`is_out_of_memory` knows
+them all, so the attacked process and a verdict's new process (:mod:`harness.diagnostics.isolated`) back off alike.
+"""
+from __future__ import annotations
+
+import gc
+import re
+import resource
+import sys
+
+import torch
+
+from harness.errors import HarnessError
+
+# what the allocators say: CUDA ("CUDA out of memory"), MPS ("MPS backend out of memory"), the CPU allocator
+# ("DefaultCPUAllocator: can't allocate memory"), and the C library's wording
+SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+ASKED = re.compile(r"tried to allocate\s+(?:(\d+)\s+bytes|([\d.]+\s*[KMGTP]i?B))", re.IGNORECASE)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the defense ran out of memory."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, HarnessError):
+            return False
+        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):  # torch.OutOfMemoryError since torch 2.5
+            return True
+        if isinstance(current, RuntimeError) and any(sign in str(current).lower() for sign in SIGNS):
+            return True
+        current = current.__cause__
+    return False
+
+
+def asked_for(exc: BaseException) -> str | None:
+    """The allocation that failed, as the error message states it (``2.00 GiB``), or None where it does not."""
+    found = ASKED.search(str(exc))
+    if found is None:
+        return None
+    if found.group(1) is None:
+        return found.group(2)
+    return f"{int(found.group(1)) / 2**30:.2f} GiB"
+
+
+def release_memory() -> None:
+    """Give what the failed attempt held back to the allocators (the CUDA and MPS caches included)."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.empty_cache()
+    mps = getattr(torch, "mps", None)
+    if mps is not None and torch.backends.mps.is_available():
+        mps.empty_cache()
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak-memory measurement on ``device`` (CUDA only: the CPU's peak resident size cannot be reset)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_bytes(device: torch.device) -> int:
+    """This process's peak memory on ``device``: CUDA's ``max_memory_allocated`` since the last :func:`reset_peak`,
+    else the process's peak resident size (``ru_maxrss``, in bytes)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # macOS reports bytes, Linux kibibytes
