@@ -80,14 +80,18 @@ class _Tracker:
 def run_chunk(defense: str, start: int, stop: int, args: argparse.Namespace) -> dict[str, Any]:
     from pyautoattack import AutoAttack
 
+    device = torch.device(getattr(args, "device", "cpu"))  # gpu_check.py runs it on its device
     test = load_test_set("cifar10", args.data_root)
     indices = list(range(start, stop))
-    x, y = test.get(indices)
-    model = create_defense(defense).eval()
+    x, y = test.get(indices, device)
+    model = create_defense(defense).eval().to(device)
     with torch.no_grad():
         clean = model(x).argmax(1) == y
     tracker = _Tracker(model, y, x, clean)
-    adversary = AutoAttack(model, norm="Linf", eps=args.eps, version="standard", seed=args.seed)
+    adversary = AutoAttack(model, norm="Linf", eps=args.eps, version="standard", seed=args.seed, device=str(device))
+    for path, value in getattr(args, "budget", {}).items():  # gpu_check.py --tiny cuts the budgets
+        owner, attr = path.split(".")
+        setattr(getattr(adversary, owner), attr, value)
     for name, attr in ATTACKS.items():
         attack = getattr(adversary, attr)
         attack.perturb = tracker.wrap(name, attack.perturb)

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DDPM = ROOT / "defenses/weights/ddpm_small.pt"
 
 
 def _status_kb(field: str) -> int:
@@ -109,6 +110,20 @@ def render_table(results: dict[tuple[int, str], dict], steps: list[int], methods
     return note + "\n" + "\n".join(lines)
 
 
+def measure(S: int, method: str, args: argparse.Namespace) -> dict:
+    """One configuration measured in a fresh subprocess (module docstring); ``{"error": ...}`` if it failed. ``args``
+    carries ``batch``, ``threads``, ``defense``, ``mae``, ``ddpm`` and ``data_root``."""
+    cmd = [sys.executable, __file__, "--worker", "--S", str(S), "--method", method, "--batch", str(args.batch),
+           "--threads", str(args.threads), "--defense", args.defense, "--mae", args.mae, "--ddpm", args.ddpm,
+           "--data-root", args.data_root]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+    result: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, nargs="+", default=[5, 10, 20, 50, 100], help="purification steps S")
@@ -119,7 +134,7 @@ def main() -> int:
                    help="the purifier whose unrolled gradient is measured [amrm-pure-mae]")
     p.add_argument("--mae", default=str(ROOT / "defenses/amrm_pure/weights/mae_cifar10_small.pt"),
                    help="amrm-pure-mae: MAE weights, or 'random' (same cost)")
-    p.add_argument("--ddpm", default=str(ROOT / "defenses/weights/ddpm_small.pt"),
+    p.add_argument("--ddpm", default=str(DEFAULT_DDPM),
                    help="diffpure-ddpm: the denoiser's weights (harness train ddpm)")
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--max-naive-s", type=int, default=None, help="skip naive runs above this S (memory)")
@@ -144,15 +159,7 @@ def main() -> int:
         for method in args.methods:
             if method == "naive" and args.max_naive_s is not None and S > args.max_naive_s:
                 continue
-            cmd = [sys.executable, __file__, "--worker", "--S", str(S), "--method", method, "--batch", str(args.batch),
-                   "--threads", str(args.threads), "--defense", args.defense, "--mae", args.mae, "--ddpm", args.ddpm,
-                   "--data-root", args.data_root]
-            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if out.returncode != 0:
-                results[(S, method)] = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
-            else:
-                results[(S, method)] = json.loads(out.stdout.strip().splitlines()[-1])
+            results[(S, method)] = measure(S, method, args)
             print(f"S={S:>3} {method:<10} {results[(S, method)]}", file=sys.stderr, flush=True)
     print(f"{args.defense}: " + render_table(results, args.steps, args.methods, args.batch, args.threads))
     if args.json:

@@ -62,6 +62,7 @@ def load_benchmark(path: Path):
     spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 

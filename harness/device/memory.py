@@ -10,6 +10,7 @@ import gc
 import re
 import resource
 import sys
+from pathlib import Path
 
 import torch
 
@@ -58,15 +59,44 @@ def release_memory() -> None:
 
 
 def reset_peak(device: torch.device) -> None:
-    """Start a new peak-memory measurement on ``device`` (CUDA only: the CPU's peak resident size cannot be reset)."""
+    """Start a new peak-memory measurement on ``device``: CUDA's allocator statistics, or on the CPU the process's
+    peak resident size (Linux: writing 5 to ``/proc/self/clear_refs``; elsewhere it cannot be reset)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: the peak then counts from the process's start
 
 
 def peak_bytes(device: torch.device) -> int:
-    """This process's peak memory on ``device``: CUDA's ``max_memory_allocated`` since the last :func:`reset_peak`,
-    else the process's peak resident size (``ru_maxrss``, in bytes)."""
+    """This process's peak memory on ``device`` since the last :func:`reset_peak`: CUDA's ``max_memory_allocated``,
+    else the peak resident size (Linux ``VmHWM``; elsewhere ``ru_maxrss``, from the process's start)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    return _status_bytes("VmHWM") or _maxrss()
+
+
+def resident_bytes(device: torch.device) -> int:
+    """This process's memory on ``device`` now: CUDA's ``memory_allocated``, else the resident size (Linux ``VmRSS``;
+    0 where it cannot be read)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` in bytes; 0 where it cannot be read (not Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _maxrss() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)  # macOS reports bytes, Linux kibibytes
