@@ -48,7 +48,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest -n auto --dist loadgroup
+	$(BIN)/pytest -n auto --dist loadgroup --durations=40
 
 clean-demo:
 	rm -rf $(DEMO_OUT)/demo-at-small $(DEMO_OUT)/demo-a3-small
