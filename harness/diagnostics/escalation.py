@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from harness.api.attack import ATTACKS, Capabilities, declared_capabilities
 from harness.api.flags import GRADIENT_FLAGS, FlagCode, all_codes
@@ -234,23 +234,47 @@ def _masked(code: FlagCode, s: Setting) -> list[Request]:
     return out
 
 
+Asks = Callable[[FlagCode, Setting, float], Iterable[Request | dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class EscalationRule:
+    """What the flags ``codes`` ask for when a stage of a :class:`Setting` raised one with a value: ``asks(code,
+    setting, value)`` gives :class:`Request` s (an attack by what it must be) and battery entries (plain dicts, for
+    instance the flagged attack itself with more budget). Every rule for a code adds its attacks."""
+    codes: tuple[FlagCode, ...]
+    asks: Asks
+
+
+def _of_flagged(build: Callable[[AttackSpec, Any, Setting, float], Iterable[dict[str, Any]]]) -> Asks:
+    """A rule that repeats the flagged attack (nothing when the stage had none, as a first-batch flag)."""
+    return lambda code, s, value: build(s.spec, s.attack, s, value) if s.attack is not None and s.spec else ()
+
+
+RULES: tuple[EscalationRule, ...] = (
+    EscalationRule(tuple(GRADIENT_FLAGS), lambda code, s, value: _masked(code, s)),
+    EscalationRule(tuple(QUERY_FLAGS), lambda code, s, value: gradient_free(s)),
+    EscalationRule((FlagCode.GRADIENT_MISPREDICTS,), lambda code, s, value: follow_gradient(s)),
+    EscalationRule(tuple(MARGIN_FLAGS),
+                   lambda code, s, value: margin_loss(s, s.grad_mode if s.uses_gradients else None)),
+    EscalationRule((FlagCode.EOT_DISAGREE,), _of_flagged(lambda spec, a, s, value: more_eot(spec, a, s.eot, value))),
+    EscalationRule((FlagCode.ACC_STILL_FALLING,), _of_flagged(lambda spec, a, s, value: more_iterations(spec, a))),
+)
+_REGISTERED: list[EscalationRule] = []  # rules registered from outside the harness (register_escalation)
+
+
+def register_escalation(rule: EscalationRule) -> EscalationRule:
+    """Add what a flag asks for to every later run (beside the built-in rules, which a registered one never
+    replaces); with ``harness.api.flags.register_flag`` and ``harness.diagnostics.checks.register_check``, a
+    diagnostic and the attacks it asks for are one file. Registering the same rule again is a no-op."""
+    if rule not in _REGISTERED:
+        _REGISTERED.append(rule)
+    return rule
+
+
 def _asked(code: FlagCode, s: Setting, value: float) -> list[Request | dict[str, Any]]:
     """What a flag ``code`` on a stage of ``s`` asks for: requests, and repeats of the flagged attack itself."""
-    if code in GRADIENT_FLAGS:
-        return list(_masked(code, s))
-    if code in QUERY_FLAGS:
-        return list(gradient_free(s))
-    if code == FlagCode.GRADIENT_MISPREDICTS:
-        return list(follow_gradient(s))
-    if code in MARGIN_FLAGS:
-        return list(margin_loss(s, s.grad_mode if s.uses_gradients else None))
-    if s.attack is None or s.spec is None:
-        return []
-    if code == FlagCode.EOT_DISAGREE:
-        return list(more_eot(s.spec, s.attack, s.eot, value))
-    if code == FlagCode.ACC_STILL_FALLING:
-        return list(more_iterations(s.spec, s.attack))
-    return []
+    return [asked for rule in (*RULES, *_REGISTERED) if code in rule.codes for asked in rule.asks(code, s, value)]
 
 
 def escalate(code: FlagCode | str, setting: Setting, value: float = math.nan) -> Escalation:

@@ -67,3 +67,24 @@ def test_its_condition_decides_where_it_can_fire(registered):
     pgd, square = AttackSpec("pgd", "pgd"), AttackSpec("square", "square")
     assert could_fire(SURVIVORS, Setting.of(pgd.build(0.1, "Linf"), pgd))
     assert not could_fire(SURVIVORS, Setting.of(square.build(0.1, "Linf"), square, stage=2))
+
+
+def test_the_attacks_a_registered_diagnostic_asks_for_run_as_escalations(registered, monkeypatch, tiny_data_root,
+                                                                         tmp_path):
+    """The same file registers what its flag asks for (``register_escalation``): the run adds it after the battery."""
+    from harness.diagnostics import escalation
+    from harness.diagnostics.escalation import EscalationRule, register_escalation
+
+    monkeypatch.setattr(escalation, "_REGISTERED", [])  # registered for this test only
+
+    def stronger_pgd(code, setting, value):  # the flagged attack again, with more steps
+        return [{"name": "esc-toy-pgd", "attack": "pgd", "options": {"steps": 4}}] if setting.attack else []
+
+    register_escalation(EscalationRule((SURVIVORS,), stronger_pgd))
+    defense = Defense(TinyCNN(seed=0).eval(), None, num_classes=10, name="tiny0")
+    result = harness.evaluate(defense, "pgd", data_root=str(tiny_data_root), out=str(tmp_path), n=16, seed=3,
+                              eps=0.01, shard_size=16, batch_size=16, device="cpu", quiet=True,
+                              attack_opts={"steps": 2})
+    assert list(result.summary.index) == ["clean", "pgd", "esc-toy-pgd", "worst-case"]
+    records = result.records
+    assert (records[records.attack == "esc-toy-pgd"].iterations == 4).all()
