@@ -5,21 +5,21 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 import importlib
-import json
-import re
 from pathlib import Path
 from typing import Callable
 
 from harness.errors import UsageError
 from harness.stats.criteria import DEFAULT_REPORT_CRITERION
 
-from .latex import escape as latex_escape
 from .load import RunData, load_run
 from .table import Settings, Table, build_table
 
-# format -> (module of this package, its render function of a Table): a new format is one file plus one entry here
+Render = Callable[[Table], str]
+Label = Callable[[str, str, list[RunData]], str]  # (output, the partial note, the runs in order) -> labelled output
+
+# format -> (module of this package, its render function of a Table); the module's ``label_partial`` labels an
+# incomplete run's output. A new format is one file plus one entry here, or from outside: register_format
 RENDERERS: dict[str, tuple[str, str]] = {
     "markdown": ("markdown", "render_markdown"),
     "csv": ("csv_table", "render_csv"),
@@ -28,14 +28,30 @@ RENDERERS: dict[str, tuple[str, str]] = {
     "html": ("html", "render_html"),
 }
 FORMATS = tuple(RENDERERS)
+_REGISTERED: dict[str, tuple[Render, Label]] = {}  # formats registered from outside (register_format)
 
 
-def _renderer(fmt: str) -> Callable[[Table], str]:
+def first_line(text: str, note: str, runs: list[RunData]) -> str:
+    """The note as the output's first line: how a format that says nothing else labels a partial run."""
+    return f"{note}\n{text}"
+
+
+def register_format(name: str, render: Render, label_partial: Label = first_line) -> None:
+    """Add report format ``name`` (for :func:`render` and :func:`render_table`): ``render`` writes a table,
+    ``label_partial`` labels the output of incomplete runs (default: the note as a first line)."""
+    if name in RENDERERS:
+        raise ValueError(f"report format {name!r} is built in")
+    _REGISTERED[name] = (render, label_partial)
+
+
+def _format(fmt: str) -> tuple[Render, Label]:
+    if fmt in _REGISTERED:
+        return _REGISTERED[fmt]
     if fmt not in RENDERERS:
-        raise ValueError(f"unknown report format {fmt!r}; accepted: {', '.join(FORMATS)}")
-    module, function = RENDERERS[fmt]
-    fn: Callable[[Table], str] = getattr(importlib.import_module(f".{module}", __name__), function)
-    return fn
+        raise ValueError(f"unknown report format {fmt!r}; accepted: {', '.join([*FORMATS, *_REGISTERED])}")
+    name, function = RENDERERS[fmt]
+    module = importlib.import_module(f".{name}", __name__)
+    return getattr(module, function), getattr(module, "label_partial", first_line)
 
 
 def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = DEFAULT_REPORT_CRITERION, confidence: float = 0.95,
@@ -46,7 +62,7 @@ def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = DEFA
     Incomplete runs are refused unless ``partial``; then the output of every format says so (a first line,
     or for JSON ``"partial": true`` with ``n_done`` and ``n_planned`` in each run object).
     """
-    _renderer(fmt)  # an unknown format fails before the runs are read
+    _format(fmt)  # an unknown format fails before the runs are read
     settings = Settings(criterion=criterion, confidence=confidence, seed=seed, n_resamples=n_resamples)
     runs = [load_run(Path(p), partial=partial) for p in run_dirs]
     return render_table(build_table(runs, settings), fmt, columns=columns)
@@ -55,7 +71,7 @@ def render(run_dirs: list[Path], fmt: str = "markdown", *, criterion: str = DEFA
 def render_table(table: Table, fmt: str = "markdown", *, columns: list[str] | None = None) -> str:
     """A table already built (:func:`build_table`) in ``fmt``, its attack columns chosen and ordered by
     ``columns``; incomplete runs labelled as :func:`render` does."""
-    fn = _renderer(fmt)
+    fn = _format(fmt)[0]
     if table.rows and all(row.run.threat == "corruptions" for row in table.rows):  # their own section
         from .corruptions import render as render_corruptions
         return label_partial(render_corruptions(table, fmt, columns), fmt, [row.run for row in table.rows])
@@ -77,28 +93,11 @@ def partial_note(runs: list[RunData]) -> str | None:
 
 
 def label_partial(text: str, fmt: str, runs: list[RunData]) -> str:
-    """``text`` of format ``fmt`` labelled as partial when any run is incomplete (unchanged otherwise)."""
+    """``text`` of format ``fmt`` labelled as partial, by the format itself, when any run is incomplete (unchanged
+    otherwise)."""
     note = partial_note(runs)
-    if note is None:
-        return text
-    if fmt == "json":
-        data = json.loads(text)
-        for obj, run in zip(data if isinstance(data, list) else [data], runs):  # one object per run, in order
-            if run.completeness is not None:
-                obj.update(run.completeness.to_dict())
-        return json.dumps(data, indent=2) + "\n"
-    if fmt == "markdown":
-        return f"**{note}**\n\n{text}"
-    if fmt == "csv":
-        return f"# {note}\n{text}"
-    if fmt == "latex":
-        return f"% {note}\n\\noindent\\textbf{{{latex_escape(note)}}}\\par\n{text}"
-    if fmt == "html":
-        banner = f'<p class="partial" role="alert"><strong>{html.escape(note)}</strong></p>'
-        labelled, found = re.subn(r"(<body\b[^>]*>)", lambda m: f"{m.group(1)}\n{banner}", text, count=1)
-        return labelled if found else banner + text
-    raise ValueError(f"unknown report format {fmt!r}; accepted: {', '.join(FORMATS)}")
+    return text if note is None else _format(fmt)[1](text, note, runs)
 
 
-__all__ = ["FORMATS", "RunData", "Settings", "Table", "build_table", "label_partial", "load_run", "render",
-           "render_table"]
+__all__ = ["FORMATS", "RunData", "Settings", "Table", "build_table", "label_partial", "load_run", "register_format",
+           "render", "render_table"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 
+from .load import RunData
 from .table import Table, interval_text, pct
 
 # the description's columns, after the flags (the columns before them keep their places); lists joined with spaces
@@ -47,3 +48,8 @@ def csv_value(value: object) -> object:
     if isinstance(value, bool):
         return "yes" if value else "no"
     return "" if value is None else value
+
+
+def label_partial(text: str, note: str, runs: list[RunData]) -> str:
+    """The note as a comment line before the header (spreadsheet readers skip it with ``comment="#"``)."""
+    return f"# {note}\n{text}"

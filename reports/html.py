@@ -7,11 +7,13 @@ headless browser can verify the page.
 from __future__ import annotations
 
 import base64
+import re
 from html import escape
 
 from harness.errors import UsageError
 
 from .gallery import gallery_columns, gallery_figure
+from .load import RunData
 from .plots import (
     convergence_passes_plot,
     convergence_plot,
@@ -127,3 +129,9 @@ def render_html(table: Table) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{_STYLE}</style></head>\n<body>\n{body}\n{_CHECK}\n</body></html>\n")
 
+
+def label_partial(text: str, note: str, runs: list[RunData]) -> str:
+    """A banner at the top of the page's body."""
+    banner = f'<p class="partial" role="alert"><strong>{escape(note)}</strong></p>'
+    labelled, found = re.subn(r"(<body\b[^>]*>)", lambda m: f"{m.group(1)}\n{banner}", text, count=1)
+    return labelled if found else banner + text

@@ -29,6 +29,7 @@ import json
 from typing import Any
 
 from .description import table_description
+from .load import RunData
 from .table import Row, Table
 
 THREAT_KEYS = ("norm", "eps", "eps_text", "band", "corruptions", "severities")  # with "kind": the threat model
@@ -57,3 +58,12 @@ def run_object(row: Row, table: Table) -> dict[str, Any]:
 def render_json(table: Table) -> str:
     objs = [run_object(row, table) for row in table.rows]
     return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2) + "\n"
+
+
+def label_partial(text: str, note: str, runs: list[RunData]) -> str:
+    """Each incomplete run's object gets ``"partial": true`` with its samples done and planned."""
+    data = json.loads(text)
+    for obj, run in zip(data if isinstance(data, list) else [data], runs):  # one object per run, in order
+        if run.completeness is not None:
+            obj.update(run.completeness.to_dict())
+    return json.dumps(data, indent=2) + "\n"

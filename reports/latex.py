@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from .load import RunData
 from .table import METHOD_TAGS, Table, flag_notes, pct
 
 _ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
@@ -55,3 +56,8 @@ def render_latex(table: Table) -> str:
               r"\caption{" + escape(table.description()) + "}", r"\end{table}"]
     lines += [f"% {note}" for note in flag_notes(table)]  # for the author: what each flag means and what to do
     return "\n".join(lines) + "\n"
+
+
+def label_partial(text: str, note: str, runs: list[RunData]) -> str:
+    """A comment and a bold line before the table."""
+    return f"% {note}\n\\noindent\\textbf{{{escape(note)}}}\\par\n{text}"

@@ -1,6 +1,7 @@
 """Markdown table: one row per defense, a column per attack plus worst case."""
 from __future__ import annotations
 
+from .load import RunData
 from .stochastic_section import stochastic_markdown
 from .table import FLAG_MARK, Table, cell_text, flag_notes, flagged, planning_note
 
@@ -17,3 +18,8 @@ def render_markdown(table: Table) -> str:
               table.legend(), "", planning_note(table)]
     extra = stochastic_markdown(table)
     return "\n".join(lines) + "\n" + ("\n" + extra if extra else "")
+
+
+def label_partial(text: str, note: str, runs: list[RunData]) -> str:
+    """The table under the note, in bold."""
+    return f"**{note}**\n\n{text}"
