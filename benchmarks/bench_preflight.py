@@ -7,7 +7,7 @@ Runs ``harness run`` in this process (a fresh run directory under a temporary fo
 times, inside that same run, the additions: the first-batch checks (``harness.diagnostics.preflight.preflight``: the
 module mode, input writes, state (with its comparison in a new process, which also starts the fork server),
 determinism, batch dependence, autograd, ties, the gradient probe and the gradient check), the gradient check
-against the loss (``harness.diagnostics.gradcheck.taylor_agreement``, on the first batch and after every stage) and
+against the loss (``harness.diagnostics.gradient_measures.taylor_agreement``, on the first batch and after every stage) and
 the verdict's fresh-instance evaluations (``harness.run.verdict.Verifier.evaluate``, after every stage). The run's
 defense is built from its name, so the verdict comes from new processes (``harness.diagnostics.isolated``): their
 share is split into the processes' start (fork, the defense's import and construction, the transfer) and the

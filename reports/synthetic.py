@@ -18,7 +18,7 @@ from harness.api.records import COLUMNS, null_unattempted
 from harness.stats.criteria import ALL
 from harness.stats.scoring import stages, still_attackable, worst_case
 from harness.store.fingerprint import Fingerprint
-from harness.store.rundir import Plan, RunStore
+from harness.store.rundir import RunStore, ShardLayout
 
 
 def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tuple[str, float]] = (("pgd", 0.6),),
@@ -93,7 +93,7 @@ def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: 
     sizes = [int(v) for v in clean.groupby("shard").size().reindex(range(shards), fill_value=0)]
     store = RunStore(path)
     with store.run_lock():
-        store.open(cfg, plan=Plan([int(i) for i in clean["index"]], sizes), fingerprint=Fingerprint(),
+        store.open(cfg, plan=ShardLayout([int(i) for i in clean["index"]], sizes), fingerprint=Fingerprint(),
                    info={"synthetic": True, "defense": {"name": defense, **(defense_info or {})},
                          "data_source": "synthetic"})
     for s in range(shards):

@@ -10,7 +10,7 @@ Gradients (see ``harness.api.defense``):
 - ``full``: exact autograd through all S steps, including the inner gradient (second order), with
   memory flat in S (``harness.api.grad.unroll``). Because d sign(g)/dg = 0 almost everywhere, the exact
   Jacobian of the purifier is the identity on the unclipped pixels: the full gradient ignores the
-  purification (``harness.diagnostics.gradcheck`` flags this).
+  purification (``harness.diagnostics.gradient_measures`` flags this).
 - ``surrogate`` (``forward_surrogate``): the same forward trajectory, but each step's backward pass
   goes through a smooth stand-in of ``sign(g)`` (``tanh(g / (τ·mean|g|))`` or the normalized gradient
   ``g / mean|g|``), straight-through per step, so the attacker sees how the purifier responds.

@@ -35,7 +35,7 @@ from harness.sources.datasets import open_source
 from harness.sources.spec import parse_dataset
 from harness.store import fingerprint
 from harness.store._machine import hardware, load_average
-from harness.store.rundir import Plan, RunKind, RunStore, check_format, validate_run_id
+from harness.store.rundir import RunKind, RunStore, ShardLayout, check_format, validate_run_id
 from harness.store.shards import ShardJob, each_shard
 from harness.store.status import completeness
 
@@ -158,7 +158,7 @@ def run_certify(cfg: CertifyConfig, defense: Defense | None = None, *, force_res
     data = open_source(cfg.dataset, cfg.data_root, cfg.download)
     indices = select_indices(len(data), cfg.n, cfg.seed)
     device = resolve_device(cfg.device)
-    plan = Plan.split(indices, cfg.shard_size)
+    plan = ShardLayout.split(indices, cfg.shard_size)
     fp = fingerprint.compute(cfg.defense, defense, data.fingerprint(indices))
     defense = defense.to(device).eval()
     store = RunStore(Path(cfg.out) / (validate_run_id(cfg.run_id) if cfg.run_id else cfg.run_id_default()))

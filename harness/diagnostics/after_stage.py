@@ -14,9 +14,9 @@ et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pin
 - ``zero-grad`` / ``nonfinite-grad`` / ``ce-vanishing`` / ``loss-flat``: input gradients that are
   zero, NaN or inf (cross-entropy only: ``ce-vanishing``), or a loss that did not increase;
 - ``eot-disagree``: two independent EOT gradient estimates have a low cosine similarity;
-- ``identity-jacobian``: the purifier's exact Jacobian is identity-like (``harness.diagnostics.gradcheck``);
+- ``identity-jacobian``: the purifier's exact Jacobian is identity-like (``harness.diagnostics.gradient_measures``);
 - ``gradient-mispredicts``: at the attack's points on failed samples, small steps along the exact gradient do not
-  change the loss as the gradient predicts (``harness.diagnostics.gradcheck.taylor_agreement``);
+  change the loss as the gradient predicts (``harness.diagnostics.gradient_measures.taylor_agreement``);
 - ``noise-beats-attack``: random noise of the same norm breaks samples the attack failed on (on a stochastic
   defense, significantly more of them than re-evaluating the attack's points does);
 - ``probability-logits``: the outputs look like probabilities, not logits;
@@ -26,7 +26,7 @@ et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pin
 - ``verdict-disagrees``: fresh instances of the defense answer otherwise than the one the attacks queried
   (``harness.run.verdict``).
 
-Each check is declared once in ``harness.diagnostics.checks.CHECKS`` (its codes, the condition under which it can
+Each check is declared once in ``harness.diagnostics.registry.CHECKS`` (its codes, the condition under which it can
 fire, its function) and runs only when its condition holds. Checks that need extra passes run on at most
 ``CHECKED_FAILURES`` failed samples, inside a forked RNG seeded from the stage's seed, so they are cheap and a
 resumed run raises the same flags.
@@ -38,10 +38,10 @@ from typing import Any
 from harness.api._seeding import seeded
 from harness.api.flags import FlagCode, StoredFlag
 from harness.diagnostics import escalation
-from harness.diagnostics.checks import checks
+from harness.diagnostics.answer_checks import disagreement_flag, tie_flag
 from harness.diagnostics.evidence import Evidence, Flag, StageEvidence
-from harness.diagnostics.gradcheck import carries_signal
-from harness.diagnostics.stage_checks import disagreement_flag, tie_flag
+from harness.diagnostics.gradient_measures import carries_signal
+from harness.diagnostics.registry import checks
 
 DEAD_PROBE = 64  # failed samples on which a gradient mode must carry no signal before later stages skip it
 DEAD_CODES = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD})

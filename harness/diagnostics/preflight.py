@@ -45,7 +45,7 @@ from harness.api.threat import check_data_in_bounds, project_ball
 from harness.battery.resolve import GradientProbe
 from harness.diagnostics.escalation import escalated
 from harness.diagnostics.evidence import Flag, Setting
-from harness.diagnostics.gradcheck import (
+from harness.diagnostics.gradient_measures import (
     TAYLOR_STEP,
     carries_signal,
     loss_ignores_gradient,
@@ -236,7 +236,7 @@ def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
 def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, run: FirstBatch,
                           setting: Setting) -> list[dict[str, Any]]:
     """The ``gradient-mispredicts`` finding when the exact gradient does not predict the loss's change under small
-    steps (:func:`harness.diagnostics.gradcheck.taylor_agreement`); BPDA and surrogate modes, whose gradients differ
+    steps (:func:`harness.diagnostics.gradient_measures.taylor_agreement`); BPDA and surrogate modes, whose gradients differ
     from the forward pass by design, are not judged."""
     agreement = taylor_agreement(target, x, y, step=TAYLOR_STEP * run.eps, norm=run.norm, seed=run.seed + 2)
     if not loss_ignores_gradient(agreement):
@@ -250,7 +250,7 @@ def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, run: FirstBatch,
 def probe_gradients(defense: Defense, x: Tensor, y: Tensor, *, seed: int, eps: float, norm: str,
                     fresh: Callable[[], Defense] | None = None) -> GradientProbe:
     """Each offered gradient mode, at the clean inputs and at random points of their threat-model ball: live
-    unless no sample gets a usable gradient at either (:func:`harness.diagnostics.gradcheck.carries_signal`); ``fresh``: a
+    unless no sample gets a usable gradient at either (:func:`harness.diagnostics.gradient_measures.carries_signal`); ``fresh``: a
     new instance per pass (a defense that keeps state)."""
     near = _near(x, defense.bounds, eps, norm, seed)
     live, dead = [], []

@@ -1,7 +1,7 @@
 """The cascade on one shard: its stages in order, each attacking the samples still robust after the ones before
 (every sample with ``every_attack``), the shard's progress stored after every stage and rung
 (:mod:`harness.store.partial`) so a resumed shard continues where it stopped, and the shard written as one Parquet
-file at the end. :class:`harness.run.shards.RunShards` calls :func:`compute_shard` for every phase that attacks.
+file at the end. :class:`harness.run.shard_phases.RunShards` calls :func:`compute_shard` for every phase that attacks.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics.outside import outside_flags, refuse_read_back
 from harness.progress import get_logger, shard_text
 from harness.run._acceleration import as_input
-from harness.run.host import ShardHost, frame
+from harness.run.host import ShardHost, records_frame
 from harness.run.kept import Kept
 from harness.run.plan import ShardBatch, StagePlan
 from harness.run.probe import ProbePlan
@@ -62,7 +62,7 @@ class ShardState:
 
 def compute_shard(host: ShardHost, work: ShardWork) -> list[dict[str, Any]]:
     """Compute ``work`` and write the shard (the caller holds its lock); returns per-stage counts (progress)."""
-    state, key = _open(host, work)
+    state, key = _shard_state(host, work)
     for k in range(state.done, len(work.plans)):
         _stage(host, work, state, k, key)
         if k + 1 < len(work.plans):
@@ -73,7 +73,7 @@ def compute_shard(host: ShardHost, work: ShardWork) -> list[dict[str, Any]]:
     return state.summary
 
 
-def _open(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str, Any]]:
+def _shard_state(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str, Any]]:
     """The shard's state before its first stage to compute: its stored partial progress, else its clean stage
     (a new shard), else its stored stages (a later phase)."""
     context, shard, indices = host.context, work.shard, work.indices
@@ -115,7 +115,7 @@ def _clean(host: ShardHost, batch: ShardBatch, indices: list[int]) -> ShardState
     side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=batch.shard,
                                                        stochastic=context.defense.stochastic))
     side["diagnostics"].extend(_outside(host, "clean", batch.shard, 0))
-    return ShardState(batch, [frame(cols, indices, batch.y, batch.shard, 0, "clean")], side,
+    return ShardState(batch, [records_frame(cols, indices, batch.y, batch.shard, 0, "clean")], side,
                       ev.attackable_under(context.decide_by).clone())
 
 
@@ -193,7 +193,7 @@ def _record(host: ShardHost, work: ShardWork, state: ShardState, outcome: StageO
     cfg, name = host.context.config, outcome.attack_name
     if not cfg.every_attack:
         state.robust = outcome.robust_after
-    state.frames.append(frame(cols, work.indices, state.batch.y, work.shard, outcome.stage, name))
+    state.frames.append(records_frame(cols, work.indices, state.batch.y, work.shard, outcome.stage, name))
     state.side["stages"].append(name)
     state.side["attacks"][name] = {"attempted": int(outcome.robust_before.sum()),
                                    "robust_after": int(outcome.robust_after.sum()),
@@ -224,7 +224,7 @@ def _outside(host: ShardHost, attack: str, shard: int, stage: int) -> list[dict[
 def _record_skip(host: ShardHost, work: ShardWork, state: ShardState, plan: StagePlan, why: str) -> None:
     n = len(work.indices)
     cols = skipped_stage(host.context, plan, n, why)
-    state.frames.append(frame(cols, work.indices, state.batch.y, work.shard, plan.stage, plan.name))
+    state.frames.append(records_frame(cols, work.indices, state.batch.y, work.shard, plan.stage, plan.name))
     state.side["stages"].append(plan.name)
     state.side["attacks"][plan.name] = {"attempted": 0, "robust_after": int(state.robust.sum()), "skipped": why}
     if state.adv is not None:

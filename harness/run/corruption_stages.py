@@ -8,7 +8,7 @@ is evaluated is exactly what was generated and fingerprinted. The verdict comes 
 as on every stage (:mod:`harness.run.verdict`). The record columns are the clean stage's, with ``norm =
 "corruption"`` and ``linf``/``l2`` the size of the corruption.
 
-``ctx`` below is the run's :class:`harness.run.shards.RunShards` (not imported: it imports this module).
+``ctx`` below is the run's :class:`harness.run.shard_phases.RunShards` (not imported: it imports this module).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from harness.diagnostics import after_stage as diagnostics
 from harness.errors import DataError, UsageError
 from harness.progress import get_logger, shard_text
 from harness.run._acceleration import as_input
-from harness.run.host import ShardHost, frame
+from harness.run.host import ShardHost, records_frame
 from harness.run.phases import Phase, PhaseKind
 from harness.run.plan import ShardBatch
 from harness.run.stage import clean_stage
@@ -37,7 +37,7 @@ from harness.sources.corruptions import CorruptionCache, cell_name, cells, resol
 from harness.sources.datasets import DataSource, TestSet
 from harness.sources.hashing import hash_arrays
 from harness.store.fingerprint import Fingerprint
-from harness.store.rundir import Plan
+from harness.store.rundir import ShardLayout
 
 log = get_logger("runner")
 THREAT = "corruptions"
@@ -100,7 +100,7 @@ def _digest(images: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()
 
 
-def prepare_images(cfg: RunConfig, data: DataSource, plan: Plan) -> Corrupted:
+def prepare_images(cfg: RunConfig, data: DataSource, plan: ShardLayout) -> Corrupted:
     """Generate the corrupted images the run lacks in the cache (seed: ``--sample-seed``, else ``--seed``), and
     digest what it will evaluate."""
     if not isinstance(data, TestSet) or not data.classes_fixed or not data.preprocess.identity:
@@ -128,7 +128,7 @@ def prepare_images(cfg: RunConfig, data: DataSource, plan: Plan) -> Corrupted:
 
 def steps(host: ShardHost, corrupted: Corrupted,
           phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
-    """:meth:`harness.run.shards.RunShards.steps` of a corruptions run: every stage in one phase, no escalation."""
+    """:meth:`harness.run.shard_phases.RunShards.steps` of a corruptions run: every stage in one phase, no escalation."""
     if phase.kind is not PhaseKind.ATTACKS:
         return [], lambda s: True, lambda s, idx: []
     names = [cell_name(c, s) for c, s in corrupted.cells]
@@ -144,7 +144,7 @@ def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[i
     anchors = host.data.get(indices, device)[0]  # re-read: what the fresh instances evaluate
     cols, ev, agreement = clean_stage(context, ShardBatch(shard, as_input(clean.clone(), channels_last), y,
                                                           host.batching.size, anchors))
-    frames = [frame(cols, indices, y, shard, 0, "clean")]
+    frames = [records_frame(cols, indices, y, shard, 0, "clean")]
     side: dict[str, Any] = {"stages": ["clean"], "attacks": {}, "diagnostics": diagnostics.clean_flags(
         ev, agreement, shard=shard, stochastic=defense.stochastic)}
     summary = []
@@ -158,7 +158,7 @@ def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[i
         cols, ev, agreement = clean_stage(context, batch, stage=stage)
         linf, l2 = perturbation_norms(clean, fresh)
         cols.update(linf=linf.double().cpu().numpy(), l2=l2.double().cpu().numpy(), norm=NORM, threat=THREAT)
-        frames.append(frame(cols, indices, y, shard, stage, name))
+        frames.append(records_frame(cols, indices, y, shard, stage, name))
         robust = int(ev.correct_all.sum())
         side["stages"].append(name)
         side["attacks"][name] = {"attempted": n, "robust_after": robust}

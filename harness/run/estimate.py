@@ -11,7 +11,7 @@ and an attack that stops on what it breaks costs little on easy samples.
 Expected: the calibration batch is the first k of the run's samples, k = min(64, max(8, n // 10))
 (``--estimate-samples K`` sets it), fewer when k samples at the worst case could cost more than
 ``CALIBRATION_SECONDS``; it is computed as the run computes its first shard
-(:meth:`harness.run.shards.RunShards.run_shard`, into a temporary run directory that is then deleted): the clean
+(:meth:`harness.run.shard_phases.RunShards.run_shard`, into a temporary run directory that is then deleted): the clean
 stage, each battery stage on the samples still robust, the after-stage diagnostics, then the escalation stages
 those flags and the first-batch findings request (``harness.diagnostics.merge``). Per stage it measures the seconds
 per attempted sample and the fraction of samples the cascade attempted. Then, for n samples:
@@ -47,7 +47,7 @@ from harness.diagnostics.merge import collect_escalations
 from harness.run.fullcost import Calibration, FullCost
 from harness.run.phases import ATTACKS, ESCALATION
 from harness.run.plan import RunContext
-from harness.run.shards import RunShards
+from harness.run.shard_phases import RunShards
 from harness.sources.datasets import DataSource
 from harness.store.rundir import RunStore
 

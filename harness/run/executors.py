@@ -2,7 +2,7 @@
 the cores and GPUs of this machine or of a cluster (``--executor ray``).
 
 Both executors run one phase at a time (:mod:`harness.run.phases`: the battery, each probed stage's probe and extension, the escalation stages) over the shards
-not yet stored, through the same code: :meth:`harness.run.shards.RunShards.steps` under the shard's lock. A shard's
+not yet stored, through the same code: :meth:`harness.run.shard_phases.RunShards.steps` under the shard's lock. A shard's
 records depend only on (run seed, shard, stage, batch), so they do not depend on the executor.
 
 Ray workers write the shard they computed into the run directory themselves, under its shard lock, instead of
@@ -32,7 +32,7 @@ from harness.run._memory import Batching, resumed_size
 from harness.run._placement import Placed, place_checked
 from harness.run.data import open_data
 from harness.run.phases import Phase
-from harness.run.shards import RunShards
+from harness.run.shard_phases import RunShards
 from harness.sources.datasets import resolve_root
 from harness.store import fingerprint
 from harness.store.rundir import RunStore, load_provenance
@@ -69,7 +69,7 @@ def make_executor(name: str | Executor, *, address: str | None = None, gpus_per_
 
 class LocalExecutor:
     """The shards one after the other in this process (one bar per attack), sharing them with any other process
-    running the same command (:meth:`harness.run.shards.RunShards.each_shard`)."""
+    running the same command (:meth:`harness.run.shard_phases.RunShards.each_shard`)."""
 
     name = "local"
 
@@ -117,7 +117,7 @@ class RayExecutor:
             self.owned = True
         # options in ray.remote, not .options(): a GPU task then gets a fresh worker (max_calls=1), whose CUDA
         # starts after Ray set CUDA_VISIBLE_DEVICES to the task's GPU, so --device auto picks that GPU
-        self.task = ray.remote(**self.options)(compute_shard)
+        self.task = ray.remote(**self.options)(shard_task)
 
     def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: Phase) -> None:
         names, done, _ = ctx.steps(phase)
@@ -212,7 +212,7 @@ def job_spec(ctx: RunShards, n_shards: int) -> dict[str, Any]:
 _BUILT: dict[str, tuple[Any, Any]] = {}  # per worker process: the last run's placed defense and its data
 
 
-def compute_shard(job: dict[str, Any], phase: Phase, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
+def shard_task(job: dict[str, Any], phase: Phase, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
     """The Ray task: compute ``phase`` of one shard and write it into the run directory, by the shard protocol
     (:func:`harness.store.shards.take`, waiting for a lock another process holds); returns the per-stage counts,
     or None when the shard was done already."""

@@ -5,7 +5,7 @@ that stops on the samples it breaks (Square's queries, APGD's restarts, the targ
 little on an easy one. So each stage is run shortened to a few
 iterations or queries (``FEW_EFFORT`` of its ``effort_option``), then again with twice as many, doubled until the
 longer run takes ``MIN_SECONDS`` more or reaches the whole budget, on a few calibration samples the defense
-classifies correctly, with the stage options of the run (:meth:`harness.run.shards.RunShards.stage_options`: EOT,
+classifies correctly, with the stage options of the run (:meth:`harness.run.shard_phases.RunShards.stage_options`: EOT,
 evaluation repeats, the verdict's fresh instances, a stateful defense's fresh instance per pass, the run's
 criterion).
 
@@ -31,7 +31,7 @@ import torch
 from harness.battery.spec import AttackSpec
 from harness.run._acceleration import as_input
 from harness.run.plan import ShardBatch
-from harness.run.shards import RunShards
+from harness.run.shard_phases import RunShards
 from harness.run.stage import clean_stage, run_stage
 
 FEW_EFFORT = 4  # iterations or queries of the shortened run

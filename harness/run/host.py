@@ -1,4 +1,4 @@
-"""What computing one shard asks of the run around it (:class:`harness.run.shards.RunShards` provides it): the
+"""What computing one shard asks of the run around it (:class:`harness.run.shard_phases.RunShards` provides it): the
 resolved context, the data, the run directory, the batch size in force, progress, and the records' row frame.
 The cascade (:mod:`harness.run.cascade`), a probe's extension (:mod:`harness.run.probe`) and the corruption stages
 (:mod:`harness.run.corruption_stages`) are typed against it instead of reaching into the runner."""
@@ -33,7 +33,7 @@ class ShardHost(Protocol):
         """Count a finished stage of a shard in the progress."""
 
 
-def frame(cols: dict[str, Any], indices: list[int], y: Tensor, shard: int, stage: int, name: str) -> pd.DataFrame:
+def records_frame(cols: dict[str, Any], indices: list[int], y: Tensor, shard: int, stage: int, name: str) -> pd.DataFrame:
     """One stage's record rows of a shard: the identifying columns, then the stage's ``cols`` (a scalar repeated)."""
     n = len(indices)
     df = pd.DataFrame({"index": np.asarray(indices, np.int64), "label": y.cpu().numpy().astype(np.int64),

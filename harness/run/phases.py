@@ -1,7 +1,7 @@
 """The phases of an attack run, in order: the battery's stages on every shard (``attacks``), then for each probed
 stage its probe over the run (``probe``) and its extension to the other samples (``extend``), then the escalation
 stages the diagnostics asked for (``escalation``). Each phase finishes on every shard before the next starts;
-:meth:`harness.run.shards.RunShards.steps` says what a phase computes on one shard."""
+:meth:`harness.run.shard_phases.RunShards.steps` says what a phase computes on one shard."""
 from __future__ import annotations
 
 from dataclasses import dataclass

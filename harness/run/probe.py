@@ -32,7 +32,7 @@ from harness.api.records import PROBE_SKIP
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.run._acceleration import as_input
-from harness.run.host import ShardHost, frame
+from harness.run.host import ShardHost, records_frame
 from harness.run.kept import Kept
 from harness.run.plan import ShardBatch, StagePlan
 from harness.run.schedule import merge_per_sample, stage_extras
@@ -154,7 +154,7 @@ def _extend(host: ShardHost, shard: int, indices: list[int], stage: StagePlan, r
     batch = ShardBatch(shard, as_input(x, context.config.channels_last), y, host.batching.size, anchors,
                        tuple(indices))
     outcome, cols, _ = run_stage(context, stage, batch, rest, part=1)
-    part = merge_rows(part, frame(cols, indices, y, shard, stage.stage, stage.name), deferred)
+    part = merge_rows(part, records_frame(cols, indices, y, shard, stage.stage, stage.name), deferred)
     side["diagnostics"].extend(flag_dict(f, outcome) for f in diagnostics.after_stage(outcome))
     if kept is not None:
         kept.stage(stage.name, stage.stage, outcome.x_adv, outcome.robust_before)

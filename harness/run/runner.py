@@ -42,7 +42,7 @@ from harness.run.phases import ATTACKS, ESCALATION, Phase, PhaseKind
 from harness.run.plan import RunContext
 from harness.run.probe import split_probed
 from harness.run.schedule import check_schedule
-from harness.run.shards import RunShards
+from harness.run.shard_phases import RunShards
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import DataSource
 from harness.stats.criteria import DEFAULT_DECIDE_BY
@@ -50,7 +50,7 @@ from harness.stats.plateau import DEFAULT_TOLERANCE
 from harness.stats.sequential import Scope
 from harness.stats.stopping import StopKind, StopRule, check, ordered_worst, sequence_order
 from harness.store import fingerprint
-from harness.store.rundir import Plan, RunStore, load_provenance, load_records, make_run_id, validate_run_id
+from harness.store.rundir import RunStore, ShardLayout, load_provenance, load_records, make_run_id, validate_run_id
 from harness.store.shards import take
 from harness.store.status import completeness
 
@@ -176,7 +176,7 @@ class Opened:
     """A run made ready: its directory, shards, context, the first-batch findings, the batch size in force, the
     cost estimate logged at its start (long runs) and a corruptions run's images."""
     store: RunStore
-    plan: Plan
+    plan: ShardLayout
     context: RunContext
     findings: list[dict[str, Any]]
     batching: Batching
@@ -209,7 +209,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     if rebuildable:
         start_server()  # its imports overlap with building the defense and loading the data
     cfg, defense, data, indices = prepare(cfg, defense, front)
-    opened = _open(cfg, defense, data, indices, run_id=run_id, rebuildable=rebuildable, force_resume=force_resume,
+    opened = _open_run(cfg, defense, data, indices, run_id=run_id, rebuildable=rebuildable, force_resume=force_resume,
                    executor=executor.name)
     store, shards = opened.store, opened.plan.shards()
     mine = slice_shards(len(shards), shard_slice)
@@ -244,11 +244,11 @@ def _check_split(cfg: RunConfig, shard_slice: tuple[int, int] | None, executor: 
                          f" (use {front.setting('executor', 'local')})")
 
 
-def _open(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int], *, run_id: str | None,
+def _open_run(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int], *, run_id: str | None,
           rebuildable: bool, force_resume: bool, executor: str) -> Opened:
     """The run directory opened (or resumed) for the resolved ``cfg``, after the first-batch checks; a long run's
     cost estimate logged."""
-    plan = Plan.split(indices, cfg.shard_size)
+    plan = ShardLayout.split(indices, cfg.shard_size)
     fp = fingerprint.compute(cfg.defense, defense, data.fingerprint(indices))
     corrupted = None
     if cfg.threat == corruption_stages.THREAT:  # generated (or read from the cache) now, and fingerprinted
@@ -284,7 +284,7 @@ def _open(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int]
 
 
 def _battery(ctx: RunShards, executor: Executor, shards: list[list[int]], mine: list[int],
-             plan: Plan) -> list[list[int]] | None:
+             plan: ShardLayout) -> list[list[int]] | None:
     """Phase A: the configured battery on every shard of this slice (up to the stop of a sequential run). Returns
     the run's shards, or None while other slices' shards are not finished."""
     if ctx.context.config.until is not None:
@@ -340,7 +340,7 @@ def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> No
         store.finish(run_flags(store, n_shards, [*first, *cfg.escalations], findings))
 
 
-def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: Plan) -> int:
+def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: ShardLayout) -> int:
     """Phase A of a ``--until`` run: shards strictly in order, checking the stopping rule on the finished prefix
     before each one (:mod:`harness.stats.stopping`); records the outcome in provenance and returns the number of shards
     the run keeps."""

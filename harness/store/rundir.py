@@ -132,14 +132,14 @@ def _now() -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ShardLayout:
     """The samples a run evaluates, in order, and how they are cut into shards."""
 
     indices: list[int]
     shard_sizes: list[int]
 
     @classmethod
-    def split(cls, indices: list[int], shard_size: int) -> "Plan":
+    def split(cls, indices: list[int], shard_size: int) -> "ShardLayout":
         n = len(indices)
         return cls(list(indices), [min(shard_size, n - i) for i in range(0, n, shard_size)])
 
@@ -181,7 +181,7 @@ class RunStore:
         return file_lock(self.records_dir / f".shard-{shard:05d}.lock", blocking=blocking)
 
     # -- config and provenance -------------------------------------------------------------
-    def open(self, cfg: RunConfig, *, plan: Plan, fingerprint: Fingerprint, info: dict[str, Any],
+    def open(self, cfg: RunConfig, *, plan: ShardLayout, fingerprint: Fingerprint, info: dict[str, Any],
              force_resume: bool = False, kind: RunKind = RunKind.ATTACK,
              reader: Callable[[Path], Any] = read_config) -> bool:
         """Create the run directory, or check that an existing one holds the same experiment (config and

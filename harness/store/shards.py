@@ -1,7 +1,7 @@
 """The one protocol by which processes share the shards of a run: a shard is computed by the process holding its
 lock, and only when it does not yet hold what the phase computes (checked before the lock and again under it).
 A process first takes the shards nobody holds, then waits for the ones another process was computing. The attack
-runner (:mod:`harness.run.shards`), certification and every executor compute their shards through it.
+runner (:mod:`harness.run.shard_phases`), certification and every executor compute their shards through it.
 """
 from __future__ import annotations
 

@@ -13,10 +13,10 @@ from harness.errors import UsageError
 from harness.progress import shard_text
 from harness.stats.scoring import stages
 from harness.store.rundir import (
-    Plan,
     RunFormatError,
     RunKind,
     RunStore,
+    ShardLayout,
     check_format,
     kept_shards,
     load_config,
@@ -78,8 +78,8 @@ def completeness(run_dir: str | Path) -> Completeness:
     cfg = load_config(run_dir) if kind is RunKind.ATTACK else None
     if "indices" not in prov or "shard_sizes" not in prov:
         raise RunFormatError(f"{str(Path(run_dir) / 'provenance.json')!r} lacks the planned indices and shard sizes")
-    plan = Plan(list(prov["indices"]), list(prov["shard_sizes"])[:kept_shards(prov)])
-    plan = Plan(plan.indices[:sum(plan.shard_sizes)], plan.shard_sizes)
+    plan = ShardLayout(list(prov["indices"]), list(prov["shard_sizes"])[:kept_shards(prov)])
+    plan = ShardLayout(plan.indices[:sum(plan.shard_sizes)], plan.shard_sizes)
     expected = stage_names(cfg) if cfg is not None else None
     store, done, missing = RunStore(run_dir), 0, []
     for s, idx in enumerate(plan.shards()):

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_every_code_raised_in_the_source_is_a_member():
     diag = "".join((REPO / "harness" / "diagnostics" / name).read_text()
-                   for name in ("after_stage.py", "stage_checks.py", "gradient_checks.py", "checks.py"))
+                   for name in ("after_stage.py", "answer_checks.py", "gradient_checks.py", "registry.py"))
     assert not re.search(r'Flag\(\s*"', diag), "diagnostics must raise FlagCode members, not strings"
     raised = set(re.findall(r"FlagCode\.([A-Z_]+)", diag + (REPO / "harness" / "diagnostics" / "escalation.py").read_text()))
     assert raised and raised <= set(FlagCode.__members__)
@@ -89,5 +89,5 @@ def test_every_flag_stored_carries_its_codes_remedy():
     for code in FlagCode:
         assert Flag(code, "pgd", "a message").to_dict()["remedy"] == EXPLANATIONS[code].remedy == code.remedy
     sources = "".join((REPO / "harness" / "diagnostics" / name).read_text()
-                      for name in ("after_stage.py", "stage_checks.py", "gradient_checks.py", "preflight.py"))
+                      for name in ("after_stage.py", "answer_checks.py", "gradient_checks.py", "preflight.py"))
     assert "remedy=" not in sources and '"remedy":' not in sources

@@ -18,7 +18,7 @@ from harness.attacks.joint_rec import JointRec
 from harness.defenses.amrm_pure import BASE_MAE, DEFAULT_MAE, load_mae
 from harness.defenses.amrm_pure.mae import build_mae
 from harness.defenses.amrm_pure.purifier import AMRMPurifier
-from harness.diagnostics.gradcheck import identity_like, jacobian_alignment
+from harness.diagnostics.gradient_measures import identity_like, jacobian_alignment
 
 
 def tiny_mae(dtype: torch.dtype = torch.float32):

@@ -1,6 +1,6 @@
 """A new diagnostic takes one file outside the harness: its flag code registered with what it means and what to do
 (``harness.api.flags.register_flag``), its check registered with the condition it can fire under
-(``harness.diagnostics.checks.register_check``). It then runs after every stage of a run, and its flag reaches the
+(``harness.diagnostics.registry.register_check``). It then runs after every stage of a run, and its flag reaches the
 result with its remedy, as a built-in flag does."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import harness
 from conftest import TinyCNN
 from harness.api.defense import Defense
 from harness.api.flags import EXPLANATIONS, FlagCode, register_flag
-from harness.diagnostics import checks
-from harness.diagnostics.checks import Check, could_fire, register_check
+from harness.diagnostics import registry
 from harness.diagnostics.evidence import Evidence, Flag, Setting
+from harness.diagnostics.registry import Check, could_fire, register_check
 
 SURVIVORS = register_flag("toy-survivors", "the attack left samples robust (a toy diagnostic of the tests).",
                           "this is a toy: nothing to do.")
@@ -32,7 +32,7 @@ def gradient_stage(setting: Setting) -> bool:
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setattr(checks, "_REGISTERED", [])  # registered for this test only
+    monkeypatch.setattr(registry, "_REGISTERED", [])  # registered for this test only
     return register_check(Check((SURVIVORS,), gradient_stage, check_survivors))
 
 

@@ -12,8 +12,8 @@ from conftest import run_single_stage
 from harness.api.defense import Defense
 from harness.battery.spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
+from harness.diagnostics.answer_checks import NOISE_SAMPLES, check_noise
 from harness.diagnostics.evidence import Evidence
-from harness.diagnostics.stage_checks import NOISE_SAMPLES, check_noise
 from helpers_attacks import NUM_CLASSES, attack_batch, make, tiny_cnn
 
 torch.set_num_threads(1)

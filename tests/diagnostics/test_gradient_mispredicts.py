@@ -15,7 +15,7 @@ import harness.defenses  # noqa: F401  (registers the shipped defenses)
 from harness.api.defense import Defense, create_defense
 from harness.api.flags import FlagCode
 from harness.api.target import Target
-from harness.diagnostics.gradcheck import loss_ignores_gradient, taylor_agreement
+from harness.diagnostics.gradient_measures import loss_ignores_gradient, taylor_agreement
 from harness.diagnostics.preflight import FirstBatch, preflight
 from harness.sources.datasets import load_test_set
 from hostile_zoo import PROCESS_MEMORY, make_function_zoo, run_process_memory

@@ -279,7 +279,7 @@ def test_probe_members_are_drawn_over_the_run_whatever_the_shard_size(tiny_data_
 
 def test_a_run_stopped_between_probe_and_extension_resumes_to_identical_records(tiny_data_root, tmp_path,
                                                                                monkeypatch):
-    import harness.run.shards as probe_module
+    import harness.run.shard_phases as probe_module
 
     ref = load_records(_probe_run(tiny_data_root, tmp_path / "a", armed=True)[0])
     real = probe_module.extend_shard

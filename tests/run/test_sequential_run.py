@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import harness.run.shards as run_shards
+import harness.run.shard_phases as run_shards
 from conftest import TinyCNN, write_model_labelled_npz
 from harness.api.config import RunConfig
 from harness.api.defense import Defense

@@ -22,7 +22,7 @@ from harness.run import runner
 from harness.run.corruption_stages import prepare_images
 from harness.sources.corruptions import CORRUPTIONS, CorruptionCache, corrupt
 from harness.sources.datasets import load_test_set
-from harness.store.rundir import Plan, ResumeMismatchError, load_records
+from harness.store.rundir import ResumeMismatchError, ShardLayout, load_records
 
 RANDOM = ("gaussian_noise", "shot_noise", "impulse_noise", "glass_blur", "motion_blur", "snow", "frost", "fog", "elastic_transform")
 CHEAP = "gaussian_noise,contrast"
@@ -155,7 +155,7 @@ def test_the_evaluated_images_are_the_cached_ones_and_a_changed_cache_refuses_th
     with torch.no_grad():  # the recorded predictions are the defense's on exactly the cached images
         logits = tiny_defense()(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255)
     assert rows["preds"].map(lambda p: int(p[0])).tolist() == logits.argmax(1).tolist()
-    corrupted = prepare_images(_cfg(data_root, tmp_path), data, Plan.split(list(range(48)), 16))
+    corrupted = prepare_images(_cfg(data_root, tmp_path), data, ShardLayout.split(list(range(48)), 16))
     path = cache.path("gaussian_noise", 5)  # someone rewrites a cached image
     with np.load(path) as f:
         stored = {k: f[k] for k in f.files}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tomli_w
 
-import harness.run.shards as run_shards
+import harness.run.shard_phases as run_shards
 from conftest import TinyCNN, write_model_labelled_npz
 from harness.api.config import RunConfig
 from harness.api.defense import Defense

@@ -16,7 +16,7 @@ import torch
 
 import harness.run.cascade as run_shards
 import harness.run.runner as runner
-import harness.run.shards as shard_phases
+import harness.run.shard_phases as shard_phases
 from conftest import TinyCNN, interrupt_at_shard, write_model_labelled_npz
 from harness import atomic
 from harness.api.config import RunConfig

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from harness.api.flags import FlagCode
-from harness.diagnostics.evidence import Evidence, Flag, Setting
-from harness.diagnostics.gradient_checks import check_gradient_mispredicts, check_gradients, check_identity_jacobian
-from harness.diagnostics.stage_checks import (
+from harness.diagnostics.answer_checks import (
     check_acc_trace,
     check_blackbox,
     check_eot,
@@ -28,6 +26,8 @@ from harness.diagnostics.stage_checks import (
     check_ties,
     check_verdict,
 )
+from harness.diagnostics.evidence import Evidence, Flag, Setting
+from harness.diagnostics.gradient_checks import check_gradient_mispredicts, check_gradients, check_identity_jacobian
 
 
 def always(setting: Setting) -> bool:

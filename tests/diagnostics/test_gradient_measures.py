@@ -1,4 +1,4 @@
-"""harness.diagnostics.gradcheck: a sign-PGD purifier is flagged identity-like under full gradients, a smooth
+"""harness.diagnostics.gradient_measures: a sign-PGD purifier is flagged identity-like under full gradients, a smooth
 purifier is not; gradient health counts zero / non-finite gradients; surrogate and BPDA modes run."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from harness.api.defense import Defense
 from harness.api.grad import input_grad, unroll
 from harness.api.losses import cross_entropy
 from harness.api.target import Target
-from harness.diagnostics.gradcheck import gradient_health, identity_like, jacobian_alignment
+from harness.diagnostics.gradient_measures import gradient_health, identity_like, jacobian_alignment
 
 
 class ConvEnergy(nn.Module):
