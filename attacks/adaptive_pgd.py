@@ -13,7 +13,7 @@ deterministic ones (every draw would be identical); ``--eot``, a battery entry's
 from __future__ import annotations
 
 from harness.api.attack import ANY_THREAT, Capabilities, register_attack
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 
 from .pgd import PGD
 

@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from harness.api.attack import ANY_THREAT, Attack, AttackBudget, AttackResult, Norm, register_attack
+from harness.api.factory_options import Variant
 from harness.api.losses import LossFn, get_loss
 from harness.api.losses import margin as margin_loss
-from harness.api.options import Variant
 from harness.api.target import Target
 from harness.api.threat import Threat, ThreatModel
 

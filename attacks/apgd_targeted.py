@@ -12,7 +12,7 @@ import logging
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 from harness.api.target import Target
 
 from ._malt import attack_targets, malt_targets

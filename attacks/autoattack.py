@@ -16,7 +16,7 @@ from typing import Literal
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import ProbeModule, default_draws, finalize, quiet_stdout, trace_apgd

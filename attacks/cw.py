@@ -7,7 +7,7 @@ run's threat model, e.g. the ℓ∞ ball) before evaluation; built directly in P
 from __future__ import annotations
 
 from harness.api.attack import register_attack
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 
 from .torchattacks_adapter import TorchAttacksClass
 

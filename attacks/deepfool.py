@@ -7,7 +7,7 @@ ball of radius 0.5, in a battery the run's threat model) before evaluation.
 from __future__ import annotations
 
 from harness.api.attack import register_attack
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 
 from .torchattacks_adapter import TorchAttacksClass
 

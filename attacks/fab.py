@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Norm, register_attack
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import LIBRARY_CAPABILITIES, default_draws, finalize, quiet_stdout

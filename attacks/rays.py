@@ -20,7 +20,7 @@ from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
 from harness.api.evaluation import correct
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import finalize

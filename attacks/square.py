@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
+from harness.api.factory_options import Variant
 from harness.api.losses import cross_entropy, get_loss
 from harness.api.losses import margin as margin_loss
-from harness.api.options import Variant
 from harness.api.target import Target
 from harness.api.threat import Threat, ThreatModel
 from harness.errors import UsageError

@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from harness.api.attack import ATTACKS, Attack, AttackBudget, AttackResult, Capabilities, Norm, register_attack
-from harness.api.options import Variant, options_of
+from harness.api.factory_options import Variant, options_of
 from harness.api.target import Target
 
 from ._thirdparty import default_draws, finalize, quiet_stdout

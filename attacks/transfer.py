@@ -16,7 +16,7 @@ from torch import Tensor
 
 from harness.api.attack import Attack, AttackBudget, AttackResult, Capabilities, Norm, create_attack, register_attack
 from harness.api.defense import Defense, create_defense
-from harness.api.options import Variant
+from harness.api.factory_options import Variant
 from harness.api.target import Target
 
 from ._thirdparty import default_draws, finalize

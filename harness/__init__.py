@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 # the Python API: name -> its module (harness.front itself imports the reports, so it is not imported to list these)
-_FRONT = {"evaluate": "harness.front.evaluation", "load": "harness.front.evaluation",
-          "estimate": "harness.front.evaluation", "Result": "harness.front.result"}
+_FRONT = {"evaluate": "harness.front.evaluate", "load": "harness.front.evaluate",
+          "estimate": "harness.front.evaluate", "Result": "harness.front.result"}
 
 if TYPE_CHECKING:
     from harness.api import *  # noqa: F403

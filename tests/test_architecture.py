@@ -106,3 +106,27 @@ def test_every_benchmark_script_imports():
         except ImportError as err:
             broken.append(f"{path.name}: {err}")
     assert not broken, broken
+
+
+RUN_PATH = ("run", "store", "battery", "diagnostics")  # the rooms a run passes through after its configuration
+
+
+def _top_level_names(path: Path) -> list[str]:
+    return [n.name for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def test_one_name_per_concept_no_module_or_function_name_twice() -> None:
+    """No two modules of the engine share a name (a subcommand's module is named by its command), and no two
+    functions or classes of the run path do: a stranger who greps a name finds one thing."""
+    modules: dict[str, list[str]] = {}
+    for path in (REPO / "harness").rglob("*.py"):
+        if path.stem != "__init__" and path.parent.name != "cli":
+            modules.setdefault(path.stem, []).append(str(path.relative_to(REPO)))
+    assert {k: v for k, v in modules.items() if len(v) > 1} == {}
+    defined: dict[str, list[str]] = {}
+    for room in RUN_PATH:
+        for path in (REPO / "harness" / room).rglob("*.py"):
+            for name in _top_level_names(path):
+                defined.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert {k: v for k, v in defined.items() if len(v) > 1} == {}

@@ -15,7 +15,7 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.stats.criteria`  -- ``Criterion``: how a stochastic defense's R draws become a score; ``register_criterion``.
 - :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
 - :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
-- :mod:`harness.api.options`     -- the options a registered factory takes, and ``Variant``: a named configuration of one.
+- :mod:`harness.api.factory_options`     -- the options a registered factory takes, and ``Variant``: a named configuration of one.
 """
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 from torch import Tensor
 
+from harness.api.factory_options import Variant
 from harness.api.gradmodes import GRAD_MODES
-from harness.api.options import Variant
 from harness.api.registry import Registry
 from harness.api.target import Target
 from harness.api.threat import NORMS, Norm, Threat, ThreatModel, project_ball  # noqa: F401  (norms, projection)
@@ -203,7 +203,7 @@ class Attack(ABC):
 
 def declared_capabilities(factory: Any) -> Capabilities | None:
     """The capabilities a registered factory declares without being built: an :class:`Attack` subclass's class
-    attribute, or a :class:`harness.api.options.Variant`'s changes to its base's; None when not declared so (a
+    attribute, or a :class:`harness.api.factory_options.Variant`'s changes to its base's; None when not declared so (a
     plain function, or a class that sets them per instance)."""
     if isinstance(factory, Variant):
         base = declared_capabilities(factory.base)

@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
-from harness.api.options import REQUIRED, options_of
+from harness.api.factory_options import REQUIRED, options_of
 from harness.api.schema import option_problems
 from harness.errors import UsageError, did_you_mean, one_line, user_frame
 

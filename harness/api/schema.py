@@ -149,7 +149,7 @@ def option_problems(factory: Callable[..., Any], options: dict[str, Any]) -> lis
     return a class: that class's ``__init__`` for the options it does not name itself). Only scalar hints
     (bool, int, float, str, and unions of them with None) are checked; other hints and unannotated
     options are the factory's own to check. A wrapper naming what it wraps (``__wrapped__``, as
-    :class:`harness.api.options.Variant` does) is checked against the wrapped factory's hints."""
+    :class:`harness.api.factory_options.Variant` does) is checked against the wrapped factory's hints."""
     factory = getattr(factory, "__wrapped__", factory)
     hints = _hints(factory)
     forwards = not isinstance(factory, type) and any(p.kind is p.VAR_KEYWORD for p in _parameters(factory))

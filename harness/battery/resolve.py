@@ -42,7 +42,7 @@ from harness.api.defense import Defense
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.precision import Autocast
 from harness.api.target import Target
-from harness.battery.spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
+from harness.battery.attack_spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
 from harness.errors import UsageError
 
 NO_GRADIENT = "none"  # recorded gradient mode of attacks that use no gradients of the defense

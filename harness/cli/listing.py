@@ -36,8 +36,8 @@ def summary(obj: object) -> str:
 
 def options(factory: Callable[..., Any]) -> list[str]:
     """``name: type = default`` for each keyword the factory takes (what the ``*-opt`` flags set), then what it
-    passes on unread, if anything (``harness.api.options``)."""
-    from harness.api.options import options_of
+    passes on unread, if anything (``harness.api.factory_options``)."""
+    from harness.api.factory_options import options_of
 
     accepted = options_of(factory)
     if accepted is None:
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     if args.what == "presets":
         import fnmatch
 
-        from harness.battery.catalog import list_presets
+        from harness.battery.preset_catalog import list_presets
         rows = [(n, d) for n, d in list_presets().items() if fnmatch.fnmatch(n, args.pattern)]
     elif args.what == "criteria":
         rows = _criteria(args.pattern)

@@ -73,7 +73,7 @@ def check_destination(cfg: RunConfig) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.front.evaluation import run_config
+    from harness.front.evaluate import run_config
     from harness.run.executors import make_executor
     from harness.run.runner import estimate_run
     cfg = config_from_args(args)

@@ -26,7 +26,7 @@ et al.'s evaluation checklist (2019) and the "indicators of attack failure" (Pin
 - ``verdict-disagrees``: fresh instances of the defense answer otherwise than the one the attacks queried
   (``harness.run.verdict``).
 
-Each check is declared once in ``harness.diagnostics.registry.CHECKS`` (its codes, the condition under which it can
+Each check is declared once in ``harness.diagnostics.check_table.CHECKS`` (its codes, the condition under which it can
 fire, its function) and runs only when its condition holds. Checks that need extra passes run on at most
 ``CHECKED_FAILURES`` failed samples, inside a forked RNG seeded from the stage's seed, so they are cheap and a
 resumed run raises the same flags.
@@ -39,9 +39,9 @@ from harness.api._seeding import seeded
 from harness.api.flags import FlagCode, StoredFlag
 from harness.diagnostics import escalation
 from harness.diagnostics.answer_checks import disagreement_flag, tie_flag
+from harness.diagnostics.check_table import checks
 from harness.diagnostics.evidence import Evidence, Flag, StageEvidence
 from harness.diagnostics.gradient_measures import carries_signal
-from harness.diagnostics.registry import checks
 
 DEAD_PROBE = 64  # failed samples on which a gradient mode must carry no signal before later stages skip it
 DEAD_CODES = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD})

@@ -1,6 +1,6 @@
 """The after-stage checks that read a stage's answers and outputs (the gradient checks are in
 ``harness.diagnostics.gradient_checks``); each is a function ``(Evidence) -> Flag | None``, declared with the
-condition under which it can fire in ``harness.diagnostics.registry.CHECKS``, which runs it only then."""
+condition under which it can fire in ``harness.diagnostics.check_table.CHECKS``, which runs it only then."""
 from __future__ import annotations
 
 import math

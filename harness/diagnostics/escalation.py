@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from harness.api.attack import ATTACKS, Capabilities, declared_capabilities
+from harness.api.factory_options import options_of
 from harness.api.flags import GRADIENT_FLAGS, FlagCode, all_codes
-from harness.api.options import options_of
+from harness.battery.attack_spec import AttackSpec
 from harness.battery.presets import ESCALATION_PREFIX
-from harness.battery.spec import AttackSpec
+from harness.diagnostics.check_table import could_fire
 from harness.diagnostics.evidence import Flag, Setting
-from harness.diagnostics.registry import could_fire
 
 # flags that only attacks needing no gradients of the defense can answer
 QUERY_FLAGS = frozenset({FlagCode.NOISE_BEATS_ATTACK, FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT,
@@ -265,7 +265,7 @@ _REGISTERED: list[EscalationRule] = []  # rules registered from outside the harn
 
 def register_escalation(rule: EscalationRule) -> EscalationRule:
     """Add what a flag asks for to every later run (beside the built-in rules, which a registered one never
-    replaces); with ``harness.api.flags.register_flag`` and ``harness.diagnostics.registry.register_check``, a
+    replaces); with ``harness.api.flags.register_flag`` and ``harness.diagnostics.check_table.register_check``, a
     diagnostic and the attacks it asks for are one file. Registering the same rule again is a no-op."""
     if rule not in _REGISTERED:
         _REGISTERED.append(rule)

@@ -16,7 +16,7 @@ from harness.api.defense import Defense
 from harness.api.flags import FlagCode
 from harness.api.target import Target
 from harness.api.threat import Threat
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 
 CHECKED_FAILURES = 8  # samples used by the checks that spend extra passes
 
@@ -118,7 +118,7 @@ class Evidence:
         attempted = o.robust_before.nonzero().squeeze(1)
         self.failed = o.robust_after[attempted]  # over the attempted samples (rows of o.x)
         self.uses_gradients = bool(o.attack.capabilities.uses_gradients)
-        self.has_aux = _has_aux(o.defense, o.x[:1])
+        self.has_aux = has_auxiliary_losses(o.defense, o.x[:1])
         self.draws = 8 if o.defense.stochastic else 1
         threat = getattr(o, "threat", None)
         self.setting = Setting.of(o.attack, o.spec, stage=int(o.stage), grad_mode=self.grad_mode, eot=self.eot,
@@ -143,7 +143,8 @@ def kind_of(attack: Attack) -> str:
     return "lp" if "lp" in kinds or ANY_THREAT in kinds else kinds[0]
 
 
-def _has_aux(defense: Any, x: Tensor) -> bool:
+def has_auxiliary_losses(defense: Any, x: Tensor) -> bool:
+    """Whether ``defense`` offers auxiliary losses at ``x`` (one that fails to compute them has none)."""
     try:
         with torch.no_grad():
             return bool(defense.auxiliary_losses(x))

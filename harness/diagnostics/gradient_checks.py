@@ -1,7 +1,7 @@
 """The after-stage checks of the gradients a stage's attack followed: zero or non-finite (``zero-grad``,
 ``nonfinite-grad``, ``ce-vanishing``), a purifier whose exact Jacobian is the identity (``identity-jacobian``), and
 an exact gradient that does not predict the loss's change (``gradient-mispredicts``); registered in
-``harness.diagnostics.registry.CHECKS`` with the condition under which each can fire (they run only then)."""
+``harness.diagnostics.check_table.CHECKS`` with the condition under which each can fire (they run only then)."""
 from __future__ import annotations
 
 import torch

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Collection, Iterator, Mapping, Sequence
 
 from harness.api.flags import FlagCode
-from harness.battery.spec import SCHEDULE_OPTIONS, AttackSpec, options_for
+from harness.battery.attack_spec import SCHEDULE_OPTIONS, AttackSpec, options_for
 from harness.store.rundir import RunStore
 
 

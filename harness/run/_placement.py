@@ -15,8 +15,8 @@ import torch
 
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import check_battery, describe
-from harness.battery.spec import AttackSpec
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
 from harness.diagnostics.outside import outside_flags, refuse_read_back
 from harness.diagnostics.preflight import FirstBatch, Preflight, apply_module_mode, preflight

@@ -37,7 +37,7 @@ import json
 from typing import Any, Collection, Sequence
 
 from harness.api.config import RunConfig
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.diagnostics.merge import collect_escalations
 from harness.run.plan import RunContext, StagePlan
 from harness.store.rundir import RunStore

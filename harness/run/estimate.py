@@ -40,9 +40,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from harness.api.defense import Defense
-from harness.battery.spec import AttackSpec, options_for
+from harness.battery.attack_spec import AttackSpec, options_for
 from harness.diagnostics import escalation
+from harness.diagnostics.evidence import has_auxiliary_losses
 from harness.diagnostics.merge import collect_escalations
 from harness.run.fullcost import Calibration, FullCost
 from harness.run.phases import ATTACKS, ESCALATION
@@ -291,7 +291,7 @@ def _possible(cal: Calibration, base: list[AttackSpec], taken: set[str], survivo
     """The escalations a flag after some battery stage could add that did not fire on the calibration batch, each
     priced at its whole budget (:meth:`Calibration.full_cost`: a few iterations timed, the rest extrapolated)."""
     cfg, defense = cal.ctx.context.config, cal.ctx.context.defense
-    has_aux = _has_aux(defense, cal.x[:1])
+    has_aux = has_auxiliary_losses(defense, cal.x[:1])
     out: list[StageCost] = []
     for stage, spec in enumerate(base, start=1):
         plan = cal.ctx.context.plan(stage, spec)
@@ -314,9 +314,3 @@ def _possible(cal: Calibration, base: list[AttackSpec], taken: set[str], survivo
     return out
 
 
-def _has_aux(defense: Defense, x: torch.Tensor) -> bool:
-    try:
-        with torch.no_grad():
-            return bool(defense.auxiliary_losses(x))
-    except Exception:  # a defense whose auxiliary losses fail is treated as having none
-        return False

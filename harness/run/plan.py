@@ -23,8 +23,8 @@ from harness.api.defense import Defense
 from harness.api.threat import Threat
 from harness.api.threatbuild import build_threat
 from harness.api.threatspec import ThreatSpec, perturbation_kinds
+from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import GradientProbe, Resolved, check_threat_kind, resolve
-from harness.battery.spec import AttackSpec
 from harness.run.verdict import Verifier
 from harness.stats.criteria import DEFAULT_DECIDE_BY
 

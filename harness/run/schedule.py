@@ -10,7 +10,7 @@ from torch import Tensor
 
 from harness.api.continuation import Continuable
 from harness.api.records import PASS_COLUMNS
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.errors import UsageError
 from harness.run.stage import StageOutcome
 

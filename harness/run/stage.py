@@ -27,7 +27,7 @@ from harness.api.passes import PassCount, counting
 from harness.api.records import MISSING, NULLABLE, not_attempted, null_where
 from harness.api.target import Target
 from harness.api.threat import Threat, check_data_in_bounds
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verified, verify
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement

@@ -5,9 +5,9 @@ import pytest
 
 from harness.api._seeding import derive_seed
 from harness.api.config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
-from harness.battery.catalog import list_presets
+from harness.battery.attack_spec import AttackSpec
+from harness.battery.preset_catalog import list_presets
 from harness.battery.presets import resolve_battery
-from harness.battery.spec import AttackSpec
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
@@ -86,7 +86,7 @@ def test_derived_seeds_are_stable_and_distinct():
 def test_attacks_named_now_drop_a_resolved_battery_and_nothing_else_does(tmp_path):
     from harness.cli import build_parser
     from harness.cli.run import config_from_args
-    from harness.front.evaluation import _config
+    from harness.front.evaluate import _config
 
     battery = [{"name": "pgd-ce", "attack": "pgd", "options": {"steps": 7}}]
     base = RunConfig(attacks="pgd", battery=battery, out=str(tmp_path / "runs"))
@@ -102,7 +102,7 @@ def test_attacks_named_now_drop_a_resolved_battery_and_nothing_else_does(tmp_pat
 
 
 def test_attack_opt_keys_name_an_entry_or_every_entry():
-    from harness.battery.spec import attack_opt_target, options_for
+    from harness.battery.attack_spec import attack_opt_target, options_for
 
     assert attack_opt_target("pgd.steps") == ("pgd", "steps") and attack_opt_target("steps") == ("", "steps")
     opts = {"steps": 5, "esc-pgd.steps": 50, "esc-pgd.eot": 8, "pgd.steps": 7}

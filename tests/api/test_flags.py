@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.api.flags import FlagCode, check_codes, parse_code
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.diagnostics import escalation
 from harness.diagnostics.evidence import Setting
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_every_code_raised_in_the_source_is_a_member():
     diag = "".join((REPO / "harness" / "diagnostics" / name).read_text()
-                   for name in ("after_stage.py", "answer_checks.py", "gradient_checks.py", "registry.py"))
+                   for name in ("after_stage.py", "answer_checks.py", "gradient_checks.py", "check_table.py"))
     assert not re.search(r'Flag\(\s*"', diag), "diagnostics must raise FlagCode members, not strings"
     raised = set(re.findall(r"FlagCode\.([A-Z_]+)", diag + (REPO / "harness" / "diagnostics" / "escalation.py").read_text()))
     assert raised and raised <= set(FlagCode.__members__)

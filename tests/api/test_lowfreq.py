@@ -21,7 +21,7 @@ from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.lowfreq import LowFrequency, dct_matrix
 from harness.api.threatspec import ThreatSpec
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.cli import main
 from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics import escalation

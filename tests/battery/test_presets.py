@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness.attacks import list_attacks
-from harness.battery.catalog import list_presets, preset_dirs
+from harness.battery.preset_catalog import list_presets, preset_dirs
 from harness.battery.presets import resolve_battery
 from harness.battery.resolve import resolve
 

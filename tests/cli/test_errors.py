@@ -87,7 +87,7 @@ def test_plugin_import_error_names_the_line(tmp_path, tiny_data_root, capsys):
 def test_internal_error_is_one_line_with_the_verbose_hint(monkeypatch, capsys):
     import functools
 
-    from harness.battery import catalog
+    from harness.battery import preset_catalog as catalog
 
     # a KeyError raised by harness code itself (no user frame): the lookup runs in a builtin, not in this file
     monkeypatch.setattr(catalog, "list_presets", functools.partial(dict.__getitem__, {}, "internal"))

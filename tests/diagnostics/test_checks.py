@@ -1,5 +1,5 @@
 """One rule decides both when an after-stage check fires and whether it could fire: each check is declared once
-(``harness.diagnostics.registry.CHECKS``: its codes, the condition on the stage's setting, its function), the stage
+(``harness.diagnostics.check_table.CHECKS``: its codes, the condition on the stage's setting, its function), the stage
 runs it only under that condition, and ``could_fire`` (what the cost estimate prices as a possible escalation)
 reads the same condition."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 
 from conftest import run_single_stage
 from harness.api.flags import FlagCode
-from harness.battery.spec import AttackSpec
-from harness.diagnostics import after_stage, registry
+from harness.battery.attack_spec import AttackSpec
+from harness.diagnostics import after_stage, check_table
+from harness.diagnostics.check_table import CHECKS, Check, could_fire
 from harness.diagnostics.evidence import Evidence, Flag, Setting, StageEvidence
-from harness.diagnostics.registry import CHECKS, Check, could_fire
 from helpers_attacks import attack_batch, make
 
 torch.set_num_threads(1)
@@ -54,7 +54,7 @@ def _always(code: FlagCode):
 def test_a_check_runs_exactly_where_could_fire_says(outcomes, monkeypatch):
     """With every check replaced by one that fires whenever it runs, a stage raises exactly the codes could_fire
     allows on its setting, and across the scenarios every condition is both true and false somewhere."""
-    monkeypatch.setattr(registry, "CHECKS", tuple(Check(c.codes[:1], c.condition, _always(c.codes[0])) for c in CHECKS))
+    monkeypatch.setattr(check_table, "CHECKS", tuple(Check(c.codes[:1], c.condition, _always(c.codes[0])) for c in CHECKS))
     seen: dict[FlagCode, set[bool]] = {}
     for name, out in outcomes.items():
         setting = Evidence(out).setting
@@ -63,7 +63,7 @@ def test_a_check_runs_exactly_where_could_fire_says(outcomes, monkeypatch):
         assert raised == allowed, name
         for check in CHECKS:
             seen.setdefault(check.codes[0], set()).add(check.codes[0] in raised)
-    conditional = {c.codes[0] for c in CHECKS if c.condition is not registry.always}
+    conditional = {c.codes[0] for c in CHECKS if c.condition is not check_table.always}
     assert {code for code in conditional if seen[code] != {True, False}} == set()
 
 

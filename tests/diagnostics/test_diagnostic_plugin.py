@@ -1,6 +1,6 @@
 """A new diagnostic takes one file outside the harness: its flag code registered with what it means and what to do
 (``harness.api.flags.register_flag``), its check registered with the condition it can fire under
-(``harness.diagnostics.registry.register_check``). It then runs after every stage of a run, and its flag reaches the
+(``harness.diagnostics.check_table.register_check``). It then runs after every stage of a run, and its flag reaches the
 result with its remedy, as a built-in flag does."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import harness
 from conftest import TinyCNN
 from harness.api.defense import Defense
 from harness.api.flags import EXPLANATIONS, FlagCode, register_flag
-from harness.diagnostics import registry
+from harness.diagnostics import check_table
+from harness.diagnostics.check_table import Check, could_fire, register_check
 from harness.diagnostics.evidence import Evidence, Flag, Setting
-from harness.diagnostics.registry import Check, could_fire, register_check
 
 SURVIVORS = register_flag("toy-survivors", "the attack left samples robust (a toy diagnostic of the tests).",
                           "this is a toy: nothing to do.")
@@ -32,7 +32,7 @@ def gradient_stage(setting: Setting) -> bool:
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTERED", [])  # registered for this test only
+    monkeypatch.setattr(check_table, "_REGISTERED", [])  # registered for this test only
     return register_check(Check((SURVIVORS,), gradient_stage, check_survivors))
 
 
@@ -62,7 +62,7 @@ def test_a_registered_diagnostic_fires_in_a_run_with_its_remedy(registered, tiny
 
 
 def test_its_condition_decides_where_it_can_fire(registered):
-    from harness.battery.spec import AttackSpec
+    from harness.battery.attack_spec import AttackSpec
 
     pgd, square = AttackSpec("pgd", "pgd"), AttackSpec("square", "square")
     assert could_fire(SURVIVORS, Setting.of(pgd.build(0.1, "Linf"), pgd))

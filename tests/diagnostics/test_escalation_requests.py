@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api.config import read_config
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.store.rundir import RunStore
 

@@ -1,4 +1,4 @@
-"""The arguments of ``harness.evaluate``, ``harness.estimate`` and ``harness.load`` (harness.front.evaluation):
+"""The arguments of ``harness.evaluate``, ``harness.estimate`` and ``harness.load`` (harness.front.evaluate):
 each mistake is refused before any work, in one line naming the keyword argument (not a command-line flag) and
 what is accepted."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import harness
 from conftest import TinyCNN, tiny_defense
 from harness.api.config import ConfigError
 from harness.errors import UsageError
-from harness.front.evaluation import _config
+from harness.front.evaluate import _config
 
 CALLS = {"evaluate": harness.evaluate, "estimate": harness.estimate}
 

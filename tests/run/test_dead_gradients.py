@@ -18,7 +18,7 @@ import harness.run.runner as runner
 from conftest import TinyCNN, run_single_stage
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.defenses.bit_depth import BitDepthReduction
 from harness.diagnostics import after_stage as diagnostics
 from harness.reports.outcomes import outcome_table, stage_flags

@@ -9,7 +9,7 @@ from conftest import TinyCNN
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.flags import FlagCode
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.run.escalation_order import ESCALATION_PROBE, ordered
 from harness.run.plan import RunContext
 from harness.run.probe import probe_size

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from harness.api.records import PROBE_SKIP
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.run.probe import ProbePlan, merge_rows, probe_bound, probe_size, split_probed
 
 

@@ -7,7 +7,7 @@ import copy
 from conftest import TinyCNN
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.run import runner
 from harness.run.plan import RunContext
 from harness.store.rundir import load_config

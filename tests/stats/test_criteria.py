@@ -26,7 +26,7 @@ from harness.api.attack import Attack, AttackResult, Capabilities, register_atta
 from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation
-from harness.battery.spec import AttackSpec
+from harness.battery.attack_spec import AttackSpec
 from harness.reports import render
 from harness.reports.outcomes import WORST, outcome_table
 from harness.reports.stochastic_section import stochastic_cells, stochastic_rows

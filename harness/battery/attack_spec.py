@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from harness.api.attack import ATTACKS, Attack
+from harness.api.factory_options import Option, Options, options_of
 from harness.api.gradmodes import GRAD_MODES
-from harness.api.options import Option, Options, options_of
 from harness.errors import HarnessError, UsageError, one_line, user_frame
 
 RESOLVER_OPTIONS = ("grad", "eot")  # per-attack options read by the resolver, never passed to the attack
