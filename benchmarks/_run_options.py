@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from harness.api.config import RunConfig, parse_key_values
+from harness.config.run_config import RunConfig, parse_key_values
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:

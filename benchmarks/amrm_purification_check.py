@@ -45,10 +45,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import atomic  # noqa: E402
-from harness.api.config import parse_key_values, parse_literal  # noqa: E402
 from harness.api.defense import Defense, create_defense  # noqa: E402
 from harness.api.target import Target  # noqa: E402
 from harness.attacks.pgd import PGD  # noqa: E402
+from harness.config.run_config import parse_key_values, parse_literal  # noqa: E402
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import load_test_set  # noqa: E402
 from harness.stats.intervals import wilson  # noqa: E402

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.autoattack_baseline import _load, add_chunk_options  # noqa: E402
 
 import harness.defenses  # noqa: E402,F401  (registers the shipped defenses)
-from harness.api.config import read_config  # noqa: E402
 from harness.api.defense import create_defense  # noqa: E402
 from harness.api.evaluation import evaluate  # noqa: E402
 from harness.api.passes import PassCount, counting  # noqa: E402
+from harness.config.run_config import read_config  # noqa: E402
 from harness.sources.datasets import load_test_set  # noqa: E402
 from harness.stats.criteria import BUILTIN_CRITERIA, get_criterion  # noqa: E402
 from harness.stats.paired import compare_paired, compare_paired_scores  # noqa: E402

@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._run_options import add_run_options, load_text, run_config  # noqa: E402
 
-from harness.api.records import PASS_COLUMNS  # noqa: E402
 from harness.battery.presets import resolve_battery  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.stats.criteria import BUILTIN_CRITERIA  # noqa: E402
 from harness.stats.paired import compare_paired, compare_paired_scores  # noqa: E402
 from harness.stats.plateau import tolerance_of  # noqa: E402
 from harness.stats.scoring import WorstCase, worst_case  # noqa: E402
+from harness.store.records import PASS_COLUMNS  # noqa: E402
 from harness.store.rundir import load_config, load_records  # noqa: E402
 
 CRITERIA = [c.name for c in BUILTIN_CRITERIA]  # the columns of this benchmark's tables

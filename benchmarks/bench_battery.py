@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._run_options import load_text  # noqa: E402
 
 import harness.defenses  # noqa: E402,F401  (registers at-small)
-from harness.api.config import RunConfig  # noqa: E402
 from harness.api.defense import create_defense  # noqa: E402
 from harness.api.evaluation import evaluate  # noqa: E402
+from harness.config.run_config import RunConfig  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import load_test_set  # noqa: E402

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import harness.defenses  # noqa: E402,F401  (registers the built-in defenses)
-from harness.api.config import RunConfig  # noqa: E402
+from harness.config.run_config import RunConfig  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.stats.scoring import worst_case  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402

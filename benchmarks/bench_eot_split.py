@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._run_options import add_run_options, load_text, run_config  # noqa: E402
 
-from harness.api.records import PASS_COLUMNS  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.stats.criteria import BUILTIN_CRITERIA  # noqa: E402
 from harness.stats.intervals import headline_interval  # noqa: E402
 from harness.stats.paired import compare_paired_scores  # noqa: E402
 from harness.stats.scoring import worst_case  # noqa: E402
+from harness.store.records import PASS_COLUMNS  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 
 CRITERIA = [c.name for c in BUILTIN_CRITERIA]  # the columns of this benchmark's tables

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 def _options(pairs: list[str]) -> dict[str, Any]:
     """``--attack-opt KEY=VALUE`` as the CLI reads it."""
-    from harness.api.config import parse_key_values
+    from harness.config.run_config import parse_key_values
 
     return parse_key_values(pairs, "--attack-opt") or {}
 
@@ -55,7 +55,7 @@ def _detail(est: Any, records: Any) -> None:
 
 def pair(args: argparse.Namespace, preset: str, defense: str, tmp: str) -> str:
     """The estimate, then the run, of one (preset, defense); its row of the table."""
-    from harness.api.config import RunConfig
+    from harness.config.run_config import RunConfig
     from harness.run.estimate import duration
     from harness.run.runner import estimate_run, run
     from harness.store.rundir import load_config, load_records

@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import autoattack_baseline  # noqa: E402
 from benchmarks._run_options import load_text  # noqa: E402
 
-from harness.api.config import RunConfig, parse_key_values  # noqa: E402
-from harness.api.records import PASS_COLUMNS  # noqa: E402
+from harness.config.run_config import RunConfig, parse_key_values  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.stats.intervals import clopper_pearson  # noqa: E402
 from harness.stats.paired import compare_paired  # noqa: E402
 from harness.stats.scoring import worst_case  # noqa: E402
+from harness.store.records import PASS_COLUMNS  # noqa: E402
 from harness.store.rundir import load_records, load_side  # noqa: E402
 
 

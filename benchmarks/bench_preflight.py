@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from harness.api.config import RunConfig
+    from harness.config.run_config import RunConfig
     from harness.diagnostics import gradient_checks
     from harness.diagnostics import preflight as first_batch
     from harness.diagnostics.isolated import IsolatedProcess, Spent

@@ -42,10 +42,10 @@ from benchmarks._run_options import load_text  # noqa: E402
 from benchmarks.bench_fast_standard import harness_records  # noqa: E402
 
 import harness.defenses  # noqa: E402,F401  (registers the shipped defenses)
-from harness.api.config import RunConfig  # noqa: E402
 from harness.api.defense import Defense, create_defense  # noqa: E402
 from harness.api.losses import cross_entropy  # noqa: E402
 from harness.api.target import Target  # noqa: E402
+from harness.config.run_config import RunConfig  # noqa: E402
 from harness.device.memory import peak_bytes, release_memory, reset_peak  # noqa: E402
 from harness.run import runner  # noqa: E402
 from harness.sources.datasets import load_test_set  # noqa: E402

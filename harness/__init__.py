@@ -2,8 +2,8 @@
 
 The public names are re-exported here, lazily, so that commands which need no torch (reports, statistics) do not
 import it: the Python API (``evaluate``, ``load``, ``estimate``, ``Result``) from :mod:`harness.front`, and the
-contracts (``Defense``, ``Attack``, ``ThreatModel``, ``Target``, ``RunConfig``, the registries and the errors) from
-:mod:`harness.api`. The rooms and what each owns are mapped in ``docs/architecture.md``.
+contracts (``Defense``, ``Attack``, ``ThreatModel``, ``Target``, the registries and the errors) from
+:mod:`harness.api`, and ``RunConfig`` from :mod:`harness.config`. The rooms and what each owns are mapped in ``docs/architecture.md``.
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ __version__ = "0.1.0"
 
 # the Python API: name -> its module (harness.front itself imports the reports, so it is not imported to list these)
 _FRONT = {"evaluate": "harness.front.evaluate", "load": "harness.front.evaluate",
-          "estimate": "harness.front.evaluate", "Result": "harness.front.result"}
+          "estimate": "harness.front.evaluate", "Result": "harness.front.result", "RunConfig": "harness.config.run_config"}
 
 if TYPE_CHECKING:
     from harness.api import *  # noqa: F403
+    from harness.config.run_config import RunConfig  # noqa: F401
     from harness.front import Result, estimate, evaluate, load  # noqa: F401
 
 

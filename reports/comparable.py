@@ -4,7 +4,7 @@ Two runs are ranked only when everything that changes attack strength or scoring
 dataset (and its subset), the preprocessing of its images, the threat model, the sample indices, the evaluation repeats R, the criterion the cascade decided by
 (``decide_by``, when a defense draws more than once), the attacks' autocast precision, the battery (its attacks in
 order and each entry's options, escalations included) and, per attack, the record columns
-:data:`harness.api.records.BUDGET_COLUMNS` (ε, norm, the threat model's kind and band, iterations, restarts, step
+:data:`harness.store.records.BUDGET_COLUMNS` (ε, norm, the threat model's kind and band, iterations, restarts, step
 size, schedule, loss, EOT, gradient mode, queries, noise samples). The gradient mode is skipped when either run's
 defense has no purifier (its provenance's ``defense.purifier`` is None): full, bpda and surrogate gradients are then
 one function. Each difference is a :class:`Mismatch` of one :class:`Aspect`, so that a command can say which
@@ -21,12 +21,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.api.precision import Autocast
-from harness.api.records import BUDGET_COLUMNS
 from harness.api.threatspec import ThreatSpec
 from harness.battery.resolve import RESOLVER_OPTIONS
+from harness.config.precision import Autocast
 from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.scoring import stages
+from harness.store.records import BUDGET_COLUMNS
 
 from .corruptions import THREAT as CORRUPTIONS
 from .description import run_preprocess

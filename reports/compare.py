@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.api.frontend import FrontEnd
+from harness.config.frontend import FrontEnd
 from harness.errors import UsageError
 from harness.stats.criteria import DEFAULT_REPORT_CRITERION, criterion_names, get_criterion
 from harness.stats.paired import Comparison, compare_outcomes, compare_paired_scores

@@ -1,7 +1,7 @@
 """Robust accuracy against the network passes spent: where a run's budget went and whether more would have mattered.
 
 Per run, one curve over the whole cascade: x is the cumulative passes per sample (classifier and purifier,
-forward and backward, counted by hooks: the record columns of :data:`harness.api.records.PASS_COLUMNS`, summed
+forward and backward, counted by hooks: the record columns of :data:`harness.store.records.PASS_COLUMNS`, summed
 over every sample and divided by the run's samples), y the share of samples not yet decided under the run's
 ``decide_by`` (the cascade's state). Inside a stage the curve follows the attack's own accuracy trace
 (``acc_trace`` in the shard side data), each iteration placed at the passes spent so far (for a stage in rungs
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.api.records import PASS_COLUMNS
 from harness.stats.criteria import DEFAULT_DECIDE_BY
 from harness.stats.scoring import attackable_after, stages
+from harness.store.records import PASS_COLUMNS
 
 from .table import Table
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.api.records import not_attempted
 from harness.store import rundir as store
+from harness.store.records import not_attempted
 from harness.store.status import Completeness, require_complete
 
 REQUIRED_COLUMNS = ("index", "stage", "attack", "correct_all")

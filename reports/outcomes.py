@@ -12,10 +12,10 @@ from typing import Any
 import pandas as pd
 
 from harness.api.flags import FlagCode
-from harness.api.records import BUDGET_COLUMNS, PROBE_SKIP
 from harness.stats.criteria import DEFAULT_REPORT_CRITERION, Criterion, get_criterion
 from harness.stats.plateau import tolerance_of
 from harness.stats.scoring import eval_draws, stages, worst_case
+from harness.store.records import BUDGET_COLUMNS, PROBE_SKIP
 
 WORST = "worst-case"
 UPPER_BOUND_FLAG = FlagCode.UPPER_BOUND.value

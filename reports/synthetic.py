@@ -13,11 +13,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.api.config import RunConfig
-from harness.api.records import COLUMNS, null_unattempted
+from harness.config.run_config import RunConfig
 from harness.stats.criteria import ALL
 from harness.stats.scoring import stages, still_attackable, worst_case
 from harness.store.fingerprint import Fingerprint
+from harness.store.records import COLUMNS, null_unattempted
 from harness.store.rundir import RunStore, ShardLayout
 
 

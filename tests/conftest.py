@@ -87,7 +87,7 @@ def stage_context(defense, attack=None, *, grad=None, eot=None, repeats=1, run_s
                   verifier=None, fresh=None, threat=None, decide_by="mean"):
     """The :class:`harness.run.plan.RunContext` of a stage run on its own (no run around it): ``threat`` None holds
     answers to the attack's own ε-ball, as such a stage does."""
-    from harness.api.config import RunConfig
+    from harness.config.run_config import RunConfig
     from harness.run.plan import RunContext
 
     config = RunConfig(grad=grad, eot=eot, eval_repeats=repeats, seed=run_seed, autocast=autocast, decide_by=decide_by,

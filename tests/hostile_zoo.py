@@ -331,7 +331,7 @@ def run_process_memory(net: nn.Module, root: str, out: str, *, n: int = 16, shar
     """The run directory of ``apgd-ce`` (10 steps, short escalations) on the ``process-memory`` defense around
     ``net``, the module-level memory cleared before and after."""
     import harness.run.runner as runner
-    from harness.api.config import RunConfig
+    from harness.config.run_config import RunConfig
 
     PROCESS_MEMORY.clear()
     defense, _ = make_function_zoo("process-memory", net, radius=eps)

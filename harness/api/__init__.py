@@ -1,6 +1,7 @@
 """The contracts a plugin author uses: what a defense and an attack are, the threat model, what an attack
-sees of the defense (:class:`Target`), the losses, the flags a diagnostic raises, the run configuration
-and the errors. Everything else in the harness is built on these; nothing here imports the other rooms.
+sees of the defense (:class:`Target`), the losses, the flags a diagnostic raises, the option schemas of factories
+and the errors. Everything else in the harness is built on these; nothing here imports the rooms above it (the run's
+configuration is :mod:`harness.config`).
 
 - :mod:`harness.api.defense`     -- ``Defense`` (purifier + classifier), gradient modes, the defense registry.
 - :mod:`harness.api.attack`      -- ``Attack`` (the base class enforces the threat model), its registry.
@@ -13,9 +14,8 @@ and the errors. Everything else in the harness is built on these; nothing here i
 - :mod:`harness.api.grad`        -- exact gradients through iterative purifiers at flat memory.
 - :mod:`harness.api.flags`       -- the diagnostics' flag codes, what each means and what to do.
 - :mod:`harness.stats.criteria`  -- ``Criterion``: how a stochastic defense's R draws become a score; ``register_criterion``.
-- :mod:`harness.api.config`      -- ``RunConfig``: one experiment, as a TOML file or flags.
 - :mod:`harness.api.registry`    -- timm-style registries and plugin loading.
-- :mod:`harness.api.factory_options`     -- the options a registered factory takes, and ``Variant``: a named configuration of one.
+- :mod:`harness.api.factory_options` -- the options a registered factory takes, and ``Variant``: a named configuration of one.
 """
 from __future__ import annotations
 
@@ -23,11 +23,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # public name -> the module defining it; imported on first use (PEP 562), so that importing one contract module
-# (e.g. harness.api.config for the command line) does not import torch through the others
+# (e.g. harness.api.schema for the command line) does not import torch through the others
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "create_attack",
                      "list_attacks", "register_attack"], "harness.api.attack"),
-    "RunConfig": "harness.api.config",
     **dict.fromkeys(["Criterion", "get_criterion", "list_criteria", "register_criterion"], "harness.stats.criteria"),
     **dict.fromkeys(["DEFENSES", "Defense", "SmoothingNoise", "create_defense", "list_defenses", "register_defense"],
                     "harness.api.defense"),
@@ -43,7 +42,7 @@ _EXPORTS: dict[str, str] = {
 }
 __all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "ConfigError", "Criterion", "DEFENSES",
            "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "LowFrequency", "MissingInputError",
-           "Registry", "RegistryError", "RunConfig", "SetupError", "SmoothingNoise", "Target", "Threat", "ThreatModel",
+           "Registry", "RegistryError", "SetupError", "SmoothingNoise", "Target", "Threat", "ThreatModel",
            "UsageError",
            "create_attack", "create_defense", "get_criterion", "get_loss", "list_attacks", "list_criteria",
            "list_defenses", "register_attack", "register_criterion", "register_defense", "register_threat"]
@@ -59,7 +58,6 @@ if TYPE_CHECKING:
         list_attacks,
         register_attack,
     )
-    from harness.api.config import RunConfig
     from harness.api.defense import DEFENSES, Defense, SmoothingNoise, create_defense, list_defenses, register_defense
     from harness.api.flags import FlagCode
     from harness.api.losses import LOSSES, get_loss

@@ -1,7 +1,7 @@
 """Typed value checks: a value against a type hint and a declared :class:`Rule` (range or choices),
 with a message that says what is accepted and what was given.
 
-The run config (:mod:`harness.api.config`) derives its schema from ``RunConfig``'s annotations plus
+The run config (:mod:`harness.config.run_config`) derives its schema from ``RunConfig``'s annotations plus
 declared rules; the CLI's other numeric flags (:func:`arg_type`) use the same rules.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from harness.api.config import load_toml
+from harness.config.run_config import load_toml
 
 PRESET_GROUP = "harness.presets"  # entry-point group: packages whose *.toml files are presets
 

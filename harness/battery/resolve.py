@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.api.attack import Attack
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.gradmodes import GRAD_MODES
-from harness.api.precision import Autocast
 from harness.api.target import Target
 from harness.battery.attack_spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
+from harness.config.precision import Autocast
+from harness.config.run_config import RunConfig
 from harness.errors import UsageError
 
 NO_GRADIENT = "none"  # recorded gradient mode of attacks that use no gradients of the defense

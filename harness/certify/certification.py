@@ -24,9 +24,9 @@ import pyarrow as pa
 import torch
 
 from harness.api._seeding import derive_seed
-from harness.api.config import load_toml
 from harness.api.defense import Defense, create_defense
 from harness.certify.smoothing import Noise, certify
+from harness.config.run_config import load_toml
 from harness.errors import ConfigError
 from harness.progress import get_logger, progress_bar, shard_text
 from harness.run._acceleration import resolve_device

@@ -1,11 +1,11 @@
 """Argparse ``type=`` checks shared by the subcommands' numeric flags (the run's own flags are
-checked by the run-config schema in :mod:`harness.api.config`). Each names the accepted range."""
+checked by the run-config schema in :mod:`harness.config.run_config`). Each names the accepted range."""
 from __future__ import annotations
 
 import argparse
 
-from harness.api.config import RULES
 from harness.api.schema import Rule, arg_type, number_or_fraction  # noqa: F401  (re-exported for the commands)
+from harness.config.run_config import RULES
 
 PERCENT = arg_type(float, Rule(low=0, high=100, unit="(percent)"))
 POINTS = arg_type(float, Rule(low=0, high=50, low_open=True, high_open=True, unit="(points)"))

@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from harness.api.config import parse_key_values
 from harness.api.schema import Rule, arg_type
 from harness.cli.argtypes import COUNT, PROBABILITY, SEED
 from harness.cli.options import add_data_options, add_defense_options, parse_n
+from harness.config.run_config import parse_key_values
 from harness.progress import setup_logging
 
 SIGMA = arg_type(float, Rule(low=0, low_open=True))

@@ -1,6 +1,6 @@
 """Options shared by several subcommands, written once: the defense, the data, the sample count, where runs go,
 and the statistics options of report, compare, claim and plan. ``harness run``'s options are generated from
-:class:`~harness.api.config.RunConfig` (:func:`add_config_options`): the flag, type, choices and default come from
+:class:`~harness.config.run_config.RunConfig` (:func:`add_config_options`): the flag, type, choices and default come from
 the dataclass and its schema, the help text from :data:`RUN_HELP`, so a new field is one line there."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from harness.api.config import RULES, RunConfig, rules
-from harness.api.frontend import FrontEnd
 from harness.api.threatspec import threat_kinds
 from harness.cli.argtypes import PROBABILITY, RESAMPLES, SEED, number_or_fraction
+from harness.config.frontend import FrontEnd
+from harness.config.run_config import RULES, RunConfig, rules
 from harness.errors import UsageError
 from harness.sources.catalog import parse_indices
 from harness.stats.criteria import DEFAULT_DECIDE_BY, DEFAULT_REPORT_CRITERION, list_criteria
@@ -174,7 +174,7 @@ def _shown(name: str, value: Any) -> str:
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The :data:`RUN_HELP` fields given on the command line (``None``: not given), ``--n`` and the
     ``KEY=VALUE`` lists parsed."""
-    from harness.api.config import parse_key_values
+    from harness.config.run_config import parse_key_values
 
     values = {name: getattr(args, name, None) for name in RUN_HELP}  # a field a command excluded: not given
     values["n"] = parse_n(values["n"]) if values["n"] is not None else None

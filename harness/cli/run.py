@@ -5,9 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.api.config import RunConfig, config_from_mapping, load_toml, merge
 from harness.cli.argtypes import COUNT, NONNEGATIVE, POSITIVE, shard_slice
 from harness.cli.options import add_config_options, config_overrides
+from harness.config.run_config import RunConfig, config_from_mapping, load_toml, merge
 from harness.errors import UsageError
 from harness.progress import setup_logging
 

@@ -49,10 +49,10 @@ def battery_for(spec: Any, attacks: str | None) -> str | None:
 
 def configs(args: argparse.Namespace) -> list[tuple[Any, Any]]:
     """One (threat model, run config) per ``--threat``, checked before any run starts."""
-    from harness.api.config import RunConfig, config_from_mapping, load_toml, merge
     from harness.api.threatspec import ThreatSpec
     from harness.cli.options import config_overrides
     from harness.cli.run import check_destination
+    from harness.config.run_config import RunConfig, config_from_mapping, load_toml, merge
     from harness.errors import UsageError
 
     parsed = [ThreatSpec.parse(text, options=("attacks",)) for text in args.threats]

@@ -3,7 +3,7 @@ returns a :class:`~harness.front.result.Result`; ``harness.load(run_dir)`` reads
 front end); ``harness.estimate(...)`` prints what a run would cost. ``harness run`` is a thin layer over
 :func:`run_config`, so the command line and a notebook run the same code and write the same run directory.
 
-The options are the fields of :class:`~harness.api.config.RunConfig`, named as in a run's ``config.toml``
+The options are the fields of :class:`~harness.config.run_config.RunConfig`, named as in a run's ``config.toml``
 (``harness run``'s options with underscores: ``eval_repeats=10`` for ``--eval-repeats 10``), checked by the same
 schema; an error names the keyword argument (``n must be ...``), not the command line's flag. One default differs
 from the command line: :func:`evaluate` keeps the adversarial examples (``save_adversarials=True``), which a notebook
@@ -16,8 +16,8 @@ import difflib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.api.config import FIELD_NAMES, LargeEpsError, RunConfig, merge
-from harness.api.frontend import FrontEnd
+from harness.config.frontend import FrontEnd
+from harness.config.run_config import FIELD_NAMES, LargeEpsError, RunConfig, merge
 from harness.errors import UsageError
 from harness.front.result import Result
 
@@ -73,7 +73,7 @@ def evaluate(defense: Defense | nn.Module | str, attacks: str | None = None, *, 
     keeps in-process copies.
     ``attacks``: a preset (``quick``, ``standard``, ``rand``, ``adaptive``, ``full``), a battery TOML file or
     comma-separated attack names; None: ``rand`` for a stochastic defense, else ``standard``.
-    ``options``: any :class:`~harness.api.config.RunConfig` field (``n``, ``eps``, ``norm``, ``seed``, ``out``,
+    ``options``: any :class:`~harness.config.run_config.RunConfig` field (``n``, ``eps``, ``norm``, ``seed``, ``out``,
     ``device``, ...); ``config``: a base config the options override. Running the same evaluation again resumes it
     from its run directory (``out/run_id``); ``force_resume`` resumes although the defense or software changed.
     ``executor``: ``local`` or ``ray`` (a defense given as an object runs locally only: Ray workers build the

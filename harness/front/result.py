@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from harness.api.flags import DOCS, FlagCode
-from harness.api.frontend import FrontEnd
+from harness.config.frontend import FrontEnd
 from harness.errors import UsageError
 from harness.reports import RunData, Settings, Table, build_table, load_run, render_table
 from harness.reports.compare import RunComparison, compare_runs

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import check_battery, describe
+from harness.config.run_config import RunConfig
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
 from harness.diagnostics.outside import outside_flags, refuse_read_back
 from harness.diagnostics.preflight import FirstBatch, Preflight, apply_module_mode, preflight

@@ -21,10 +21,10 @@ from harness.api._seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERI
 from harness.api.attack import Attack, AttackResult
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
-from harness.api.precision import Autocast
 from harness.api.target import Target, Witnesses
 from harness.api.threat import Threat, check_data_in_bounds
 from harness.battery.attack_spec import AttackSpec
+from harness.config.precision import Autocast
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement, Verifier, combine, reanchor
 

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from harness.api.attack import perturbation_norms
-from harness.api.config import RunConfig
+from harness.config.run_config import RunConfig
 from harness.diagnostics import after_stage as diagnostics
 from harness.errors import DataError, UsageError
 from harness.progress import get_logger, shard_text

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.api.config import RunConfig
+from harness.config.run_config import RunConfig
 from harness.sources.datasets import DataSource, open_source
 from harness.sources.spec import parse_dataset, resolve_preprocess
 

@@ -36,8 +36,8 @@ import dataclasses
 import json
 from typing import Any, Collection, Sequence
 
-from harness.api.config import RunConfig
 from harness.battery.attack_spec import AttackSpec
+from harness.config.run_config import RunConfig
 from harness.diagnostics.merge import collect_escalations
 from harness.run.plan import RunContext, StagePlan
 from harness.store.rundir import RunStore

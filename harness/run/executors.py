@@ -21,9 +21,9 @@ import os
 import platform
 from typing import Any, Iterator, Protocol
 
-from harness.api.config import RunConfig
 from harness.api.defense import create_defense
 from harness.api.registry import absolute_spec
+from harness.config.run_config import RunConfig
 from harness.diagnostics.preflight import Preflight
 from harness.errors import HarnessError, SetupError, UsageError
 from harness.progress import progress_bar, shard_text

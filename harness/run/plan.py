@@ -1,7 +1,7 @@
 """A run resolved once, then executed: the :class:`RunContext` every stage of every shard shares, one
 :class:`StagePlan` per battery or escalation entry, and the :class:`ShardBatch` of images a stage attacks.
 
-``harness.run.runner.prepare`` resolves the user's :class:`~harness.api.config.RunConfig` (never mutating it), the
+``harness.run.runner.prepare`` resolves the user's :class:`~harness.config.run_config.RunConfig` (never mutating it), the
 first-batch checks (``harness.run._placement``) find the gradient probe, the verifier and whether the defense keeps
 state; :meth:`RunContext.build` then fixes everything the stages read. Stages take ``(context, plan, batch,
 robust_before, part)``; nothing below re-derives what these objects hold. ``--estimate``, probes, rungs, corruption
@@ -18,13 +18,13 @@ from torch import Tensor
 
 from harness.api._seeding import derive_seed
 from harness.api.attack import Attack
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.threat import Threat
 from harness.api.threatbuild import build_threat
 from harness.api.threatspec import ThreatSpec, perturbation_kinds
 from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import GradientProbe, Resolved, check_threat_kind, resolve
+from harness.config.run_config import RunConfig
 from harness.run.verdict import Verifier
 from harness.stats.criteria import DEFAULT_DECIDE_BY
 

@@ -28,7 +28,6 @@ import torch
 
 from harness.api._seeding import SEED_PROBE, derive_seed
 from harness.api.flags import FlagCode, StoredFlag
-from harness.api.records import PROBE_SKIP
 from harness.battery.attack_spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.run._acceleration import as_input
@@ -39,6 +38,7 @@ from harness.run.schedule import merge_per_sample, stage_extras
 from harness.run.stage import flag_dict, run_stage
 from harness.stats.intervals import clopper_pearson
 from harness.stats.scoring import attackable_after
+from harness.store.records import PROBE_SKIP
 from harness.store.rundir import COLUMNS, RunStore
 
 

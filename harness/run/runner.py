@@ -18,14 +18,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from harness.api.config import RunConfig, check_eps, check_values, config_warnings
 from harness.api.defense import Defense, create_defense
-from harness.api.frontend import FrontEnd
 from harness.api.threatspec import ThreatSpec
 from harness.battery.attack_spec import AttackSpec
 from harness.battery.preset_catalog import default_preset
 from harness.battery.presets import ESCALATION_PREFIX, battery_settings, resolve_battery
 from harness.battery.resolve import check_battery
+from harness.config.frontend import FrontEnd
+from harness.config.run_config import RunConfig, check_eps, check_values, config_warnings
 from harness.diagnostics.escalation import QUERY_FLAGS
 from harness.diagnostics.isolated import start_server
 from harness.diagnostics.merge import collect_escalations, requested_by, run_flags

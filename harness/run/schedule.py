@@ -9,10 +9,10 @@ import numpy as np
 from torch import Tensor
 
 from harness.api.continuation import Continuable
-from harness.api.records import PASS_COLUMNS
 from harness.battery.attack_spec import AttackSpec
 from harness.errors import UsageError
 from harness.run.stage import StageOutcome
+from harness.store.records import PASS_COLUMNS
 
 
 def check_schedule(specs: list[AttackSpec], eps: float, norm: str, *, every_attack: bool,

@@ -8,8 +8,8 @@ import json
 import time
 from typing import Any, Callable
 
-from harness.api.frontend import FrontEnd
 from harness.battery.attack_spec import AttackSpec
+from harness.config.frontend import FrontEnd
 from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
 from harness.run._memory import Batching
 from harness.run.cascade import ShardWork, compute_shard

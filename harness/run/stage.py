@@ -24,7 +24,6 @@ from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.flags import FlagCode, StoredFlag
 from harness.api.passes import PassCount, counting
-from harness.api.records import MISSING, NULLABLE, not_attempted, null_where
 from harness.api.target import Target
 from harness.api.threat import Threat, check_data_in_bounds
 from harness.battery.attack_spec import AttackSpec
@@ -32,6 +31,7 @@ from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement
 from harness.stats.plateau import PlateauMark
+from harness.store.records import MISSING, NULLABLE, not_attempted, null_where
 
 
 @dataclass
@@ -172,7 +172,7 @@ def skipped_stage(context: RunContext, plan: StagePlan, n: int, reason: str) -> 
 def _record_columns(n: int, idx: Tensor, attempted: np.ndarray, ev: Evaluation,
                     per_row: dict[str, tuple[Tensor, torch.dtype]], stage_wide: dict[str, Any]) -> dict[str, Any]:
     """A stage's record columns over a shard of ``n``: the ``attempted`` rows (``idx``) get their evaluation ``ev``
-    and their ``per_row`` values, the other rows each column's declared missing value (:mod:`harness.api.records`);
+    and their ``per_row`` values, the other rows each column's declared missing value (:mod:`harness.store.records`);
     ``stage_wide``: the columns one value fills."""
     def full(v: Tensor, fill: Any, dtype: torch.dtype) -> np.ndarray:
         out = torch.full((n,), fill, dtype=dtype)

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness import atomic
-from harness.api.records import SCHEMA
 from harness.progress import get_logger, shard_text
+from harness.store.records import SCHEMA
 
 log = get_logger("store")
 VERSION = 1
@@ -33,7 +33,7 @@ def partial_path(records_dir: Path, shard: int) -> Path:
 
 
 def frame_bytes(frame: pd.DataFrame) -> bytes:
-    """Records as Parquet bytes (the schema of :data:`harness.api.records.SCHEMA`)."""
+    """Records as Parquet bytes (the schema of :data:`harness.store.records.SCHEMA`)."""
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pandas(frame[SCHEMA.names], schema=SCHEMA, preserve_index=False), buf)
     return buf.getvalue()

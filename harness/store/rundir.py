@@ -38,15 +38,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness import atomic
-from harness.api.config import RunConfig, read_config, write_config
 from harness.api.flags import check_codes
-from harness.api.records import COLUMNS, SCHEMA, TIMING_COLUMNS  # noqa: F401  (declared there)
+from harness.config.run_config import RunConfig, read_config, write_config
 from harness.errors import HarnessError, MissingInputError, UsageError
 from harness.sources.corruptions import cell_name, cells
 from harness.stats.scoring import stages
 from harness.store._locks import file_lock
 from harness.store._machine import hardware, load_average
 from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
+from harness.store.records import COLUMNS, SCHEMA, TIMING_COLUMNS  # noqa: F401  (declared there)
 from harness.store.resume import ResumeMismatchError, check_resume  # noqa: F401  (ResumeMismatchError: re-exported)
 from harness.store.upgrade import nulls, upgrade
 

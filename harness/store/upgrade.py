@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.api.records import COLUMNS, null_unattempted
+from harness.store.records import COLUMNS, null_unattempted
 
 
 def nulls(records: pd.DataFrame) -> pd.DataFrame:

@@ -18,7 +18,6 @@ import harness.run.runner as runner
 from conftest import TinyCNN
 from harness.api import register_threat
 from harness.api.attack import create_attack
-from harness.api.config import RunConfig, check_values
 from harness.api.defense import Defense
 from harness.api.lowfreq import LowFrequency
 from harness.api.target import Target
@@ -26,6 +25,7 @@ from harness.api.threat import TOLERANCE, Norm, Threat, ThreatModel
 from harness.api.threatbuild import build_threat
 from harness.api.threatspec import ThreatSpec, threat_kinds
 from harness.cli import main
+from harness.config.run_config import RunConfig, check_values
 from harness.errors import ConfigError
 from harness.store.rundir import load_records
 

@@ -10,10 +10,10 @@ import torch
 
 import harness.run.runner as runner
 from conftest import TinyCNN, run_single_stage
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.presets import AttackSpec, resolve_battery
 from harness.battery.resolve import resolve
+from harness.config.run_config import RunConfig
 from harness.defenses.gaussian_noise import GaussianNoise
 from harness.store.rundir import load_config, load_records
 from helpers_attacks import attack_batch, make

@@ -12,11 +12,11 @@ from torch import Tensor, nn
 
 import harness.run.runner as runner
 from conftest import TinyCNN, interrupt_at_shard
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.target import Target
 from harness.attacks.apgd_targeted import APGDTargeted
 from harness.battery.presets import resolve_battery
+from harness.config.run_config import RunConfig
 from harness.store.rundir import TIMING_COLUMNS, load_diagnostics, load_records, load_side
 
 SHAPE = (3, 4, 4)

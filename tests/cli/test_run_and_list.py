@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.api.config import parse_literal, read_config
 from harness.cli import main
+from harness.config.run_config import parse_literal, read_config
 from harness.store.rundir import load_records
 
 USER_DEFENSE = textwrap.dedent('''

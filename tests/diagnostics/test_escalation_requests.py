@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.api.config import read_config
 from harness.battery.attack_spec import AttackSpec
+from harness.config.run_config import read_config
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.store.rundir import RunStore
 

@@ -15,9 +15,9 @@ import torch
 import harness
 import harness.run.runner as runner
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
-from harness.api.config import RunConfig
 from harness.api.defense import DEFENSES, Defense
 from harness.api.losses import margin
+from harness.config.run_config import RunConfig
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess, VerdictKind
 from harness.errors import SetupError
 from harness.reports.outcomes import outcome_table

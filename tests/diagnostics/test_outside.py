@@ -9,7 +9,7 @@ import torch
 from test_isolated import LastIterate  # noqa: F401 - registers test-last-iterate
 
 import harness.run.runner as runner
-from harness.api.config import RunConfig
+from harness.config.run_config import RunConfig
 from harness.errors import SideEffectsRefused
 from harness.reports.outcomes import outcome_table
 from harness.reports.table import build_table, verdict_note

@@ -192,7 +192,7 @@ def test_cross_threat_pair_of_a_deterministic_defense_compares_once(capsys, tmp_
 def test_the_adaptive_mean_table_is_the_records():
     """docs/presets.md's table of `adaptive-mean` against `adaptive` on 1,000 a3-small images: each accuracy and the
     plateau bound, recomputed from the shipped records with the run's own tolerance."""
-    from harness.api.config import read_config
+    from harness.config.run_config import read_config
     from harness.stats.plateau import tolerance_of
     from harness.stats.scoring import worst_case
 

@@ -12,8 +12,8 @@ from torch import nn
 import harness.run.cascade as run_shards
 import harness.run.runner as runner
 from conftest import TinyCNN, interrupt_at_shard
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.config.run_config import RunConfig
 from harness.defenses.gaussian_noise import GaussianNoise
 from harness.store.rundir import TIMING_COLUMNS, load_records, make_run_id
 
@@ -138,7 +138,7 @@ def test_save_adversarials_within_budget(tiny_data_root, tmp_path):
 
 
 def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path, monkeypatch):
-    from harness.api.config import read_config
+    from harness.config.run_config import read_config
     from harness.defenses.bit_depth import BitDepthReduction
 
     def quantized() -> Defense:

@@ -7,7 +7,7 @@ import pytest
 
 import harness
 from conftest import TinyCNN, tiny_defense
-from harness.api.config import ConfigError
+from harness.config.run_config import ConfigError
 from harness.errors import UsageError
 from harness.front.evaluate import _config
 

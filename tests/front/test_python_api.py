@@ -11,10 +11,10 @@ from torch import nn
 
 import harness
 from conftest import TinyCNN
-from harness.api.config import RunConfig, merge
 from harness.api.defense import Defense
 from harness.api.flags import FlagCode
 from harness.cli import main
+from harness.config.run_config import RunConfig, merge
 from harness.errors import UsageError
 
 OPTS = dict(n="all", seed=3, eps=0.1, shard_size=16, batch_size=16, device="cpu", quiet=True,

@@ -59,7 +59,7 @@ def test_each_difference_is_refused_and_named(field: str, run_a: Path, tmp_path:
 def test_differing_battery_entry_options_are_refused(run_a: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     """Same attack names and record columns, but an entry option (e.g. APGD-T's target count) differs."""
-    from harness.api.config import dumps
+    from harness.config.run_config import dumps
     from harness.store.rundir import load_config
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
@@ -73,7 +73,7 @@ def test_differing_battery_entry_options_are_refused(run_a: Path, tmp_path: Path
 def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture) -> None:
     """--eot 1 on one run, --attack-opt pgd.eot=1 on the other: the records show the same EOT, so it matches."""
-    from harness.api.config import dumps
+    from harness.config.run_config import dumps
     from harness.store.rundir import load_config
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
@@ -87,7 +87,7 @@ def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, t
 def test_autocast_and_column_meaning_are_compared(run_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """bf16 autocast changes the attacks' arithmetic (so their strength); an attack column means the worst case so
     far in a cascade run but that attack alone in an --every-attack run, so those two columns are not comparable."""
-    from harness.api.config import dumps
+    from harness.config.run_config import dumps
     from harness.store.rundir import load_config
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
@@ -174,7 +174,7 @@ def test_a_different_cascade_criterion_of_a_stochastic_defense_is_refused(tmp_pa
                                                                           capsys: pytest.CaptureFixture) -> None:
     """With R > 1 draws the cascade's decide_by decides which samples were still attacked; with one draw the
     criteria coincide and it is not compared."""
-    from harness.api.config import dumps
+    from harness.config.run_config import dumps
     from harness.store.rundir import load_config
 
     for draws, refused in ((3, True), (1, False)):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from conftest import TinyCNN
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.flags import FlagCode
 from harness.battery.attack_spec import AttackSpec
+from harness.config.run_config import RunConfig
 from harness.run.escalation_order import ESCALATION_PROBE, ordered
 from harness.run.plan import RunContext
 from harness.run.probe import probe_size

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import TinyCNN
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
+from harness.config.run_config import RunConfig
 from harness.run import runner
 from harness.run.estimate import duration
 

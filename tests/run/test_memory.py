@@ -15,9 +15,9 @@ from torch import nn
 
 import harness.run.runner as runner
 from conftest import TinyCNN
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
+from harness.config.run_config import RunConfig
 from harness.device.memory import asked_for, is_out_of_memory
 from harness.errors import DoesNotFitError
 from harness.run._memory import Batching

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.api.records import PROBE_SKIP
 from harness.battery.attack_spec import AttackSpec
 from harness.run.probe import ProbePlan, merge_rows, probe_bound, probe_size, split_probed
+from harness.store.records import PROBE_SKIP
 
 
 @pytest.mark.parametrize("probe, survivors, expected", [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 
 from conftest import TinyCNN
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.battery.attack_spec import AttackSpec
+from harness.config.run_config import RunConfig
 from harness.run import runner
 from harness.run.plan import RunContext
 from harness.store.rundir import load_config

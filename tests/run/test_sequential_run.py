@@ -11,9 +11,9 @@ import pytest
 
 import harness.run.shard_phases as run_shards
 from conftest import TinyCNN, write_model_labelled_npz
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
+from harness.config.run_config import RunConfig
 from harness.run import runner
 from harness.stats import stopping
 from harness.stats.sequential import Scope
@@ -111,7 +111,7 @@ def test_bad_until_is_one_line(args, message, root, tmp_path, capsys):
 def test_runs_without_until_keep_their_run_ids_and_sorted_order(root, tmp_path):
     import hashlib
 
-    from harness.api.config import LATER_FIELDS
+    from harness.config.run_config import LATER_FIELDS
     cfg = _cfg(root, tmp_path, run_id=None)
     before = {k: v for k, v in cfg.result_dict().items() if k not in LATER_FIELDS}  # the fields of older versions
     assert cfg.fingerprint() == hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:10]

@@ -14,8 +14,8 @@ import torch
 import harness.run.runner as runner
 from conftest import TinyCNN
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
+from harness.config.run_config import RunConfig
 from harness.errors import UsageError
 from harness.reports.outcomes import outcome_table
 from harness.sources.datasets import load_test_set

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import harness.run.runner as runner
-from harness.api.config import RunConfig
+from harness.config.run_config import RunConfig
 from harness.errors import DoesNotFitError
 from harness.reports import render
 from harness.reports.synthetic import write_synthetic_run

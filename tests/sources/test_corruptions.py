@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from conftest import REPO, TinyCNN, synthetic_images, tiny_defense, write_model_labelled_npz
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
+from harness.config.run_config import RunConfig
 from harness.errors import DataError, UsageError
 from harness.run import runner
 from harness.run.corruption_stages import prepare_images

@@ -128,7 +128,7 @@ def test_an_empty_class_folder_keeps_the_classes_numbered(tmp_path, defense_file
 
 
 def main_run_id(tmp_path: Path, defense_file: Path, root: Path) -> str:
-    from harness.api.config import RunConfig
+    from harness.config.run_config import RunConfig
     from harness.store.rundir import make_run_id
 
     return make_run_id(RunConfig(defense=f"{defense_file}:make", dataset=f"imagefolder:{root}"))
@@ -283,8 +283,8 @@ def test_hostile_defenses_meet_the_same_checks_through_a_folder_source(tiny_data
 
     import harness.run.runner as runner
     from conftest import TinyCNN
-    from harness.api.config import RunConfig
     from harness.api.defense import Defense
+    from harness.config.run_config import RunConfig
     from harness.store.rundir import load_diagnostics
     from hostile_zoo import OffGrid
 

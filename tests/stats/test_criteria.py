@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 import harness.run.runner as runner
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation
 from harness.battery.attack_spec import AttackSpec
+from harness.config.run_config import RunConfig
 from harness.reports import render
 from harness.reports.outcomes import WORST, outcome_table
 from harness.reports.stochastic_section import stochastic_cells, stochastic_rows

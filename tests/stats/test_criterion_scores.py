@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.api.config import RunConfig, rules
 from harness.api.evaluation import NONFINITE, TIED, Evaluation
-from harness.api.records import SCHEMA
+from harness.config.run_config import RunConfig, rules
 from harness.errors import ConfigError
 from harness.stats.criteria import (
     ALL,
@@ -21,6 +20,7 @@ from harness.stats.criteria import (
     criterion_names,
     get_criterion,
 )
+from harness.store.records import SCHEMA
 
 
 def _evaluation(preds: list[list[int]], label: int = 3) -> Evaluation:

@@ -19,9 +19,9 @@ import tomli_w
 
 import harness.run.shard_phases as run_shards
 from conftest import TinyCNN, write_model_labelled_npz
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
+from harness.config.run_config import RunConfig
 from harness.run import runner
 from harness.stats.sequential import Scope, mean_cs
 from harness.stats.stopping import StopRule, check, horizon, ordered_worst, sequence_interval

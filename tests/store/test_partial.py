@@ -7,9 +7,9 @@ import logging
 import pandas as pd
 import torch
 
-from harness.api.records import COLUMNS
 from harness.reports.synthetic import synthetic_records
 from harness.store.partial import bytes_frame, drop_partial, frame_bytes, load_partial, partial_path, save_partial
+from harness.store.records import COLUMNS
 
 KEY = {"first_stage": 1, "attacks": ["apgd-ce", "apgd-t"], "samples": [0, 1, 2, 3]}
 

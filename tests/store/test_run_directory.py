@@ -19,9 +19,9 @@ import harness.run.runner as runner
 import harness.run.shard_phases as shard_phases
 from conftest import TinyCNN, interrupt_at_shard, write_model_labelled_npz
 from harness import atomic
-from harness.api.config import RunConfig
 from harness.api.defense import Defense
 from harness.cli import main
+from harness.config.run_config import RunConfig
 from harness.store.rundir import FORMAT_VERSION, TIMING_COLUMNS, ResumeMismatchError, RunFormatError, load_records
 from harness.store.status import IncompleteRunError, completeness
 

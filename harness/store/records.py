@@ -3,7 +3,7 @@ for a sample a stage did not attempt, and its documentation. The Parquet schema 
 that ``harness compare`` matches (:data:`BUDGET_COLUMNS`), the timing columns it ignores (:data:`TIMING_COLUMNS`),
 the not-attempted rows of a stage (:func:`not_attempted`; :func:`null_unattempted` for records of any version) and
 the column table of ``docs/results-format.md`` (:func:`docs_table`, checked by the tests; ``python -m
-harness.api.records`` prints it) all come from here."""
+harness.store.records`` prints it) all come from here."""
 from __future__ import annotations
 
 import math

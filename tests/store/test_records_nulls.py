@@ -16,8 +16,8 @@ import pytest
 from test_adaptive_cost import _probe_run
 
 import harness
-from harness.api.records import SCHEMA
 from harness.reports import render
+from harness.store.records import SCHEMA
 from harness.store.rundir import FORMAT_VERSION, load_records
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The record columns are declared once (harness.api.records): the docs table, the pass counters, the budget an
+"""The record columns are declared once (harness.store.records): the docs table, the pass counters, the budget an
 attack declares and the rows of a not-attempted sample must all agree with that declaration."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 
 from harness.api.attack import AttackBudget
 from harness.api.passes import COUNTS
-from harness.api.records import (
+from harness.store.records import (
     BUDGET_COLUMNS,
     COLUMNS,
     MISSING,
@@ -27,7 +27,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "results-format.md"
 
 def test_the_docs_table_is_the_generated_one() -> None:
     text = DOCS.read_text()
-    start = text.index("\n", text.index("<!-- generated from harness/api/records.py")) + 1
+    start = text.index("\n", text.index("<!-- generated from harness/store/records.py")) + 1
     assert text[start:text.index("\n<!-- end of generated table -->")] == docs_table()
 
 

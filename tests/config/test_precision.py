@@ -1,11 +1,11 @@
-"""The autocast modes, declared once (harness.api.precision): the config rule, the stage's context and the refusal."""
+"""The autocast modes, declared once (harness.config.precision): the config rule, the stage's context and the refusal."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.api.config import RunConfig, rules
-from harness.api.precision import AUTOCAST_MODES, Autocast
+from harness.config.precision import AUTOCAST_MODES, Autocast
+from harness.config.run_config import RunConfig, rules
 from harness.errors import ConfigError, UsageError
 from harness.run.attempt import _autocast
 

@@ -20,11 +20,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 import tomli_w
 
-from harness.api.frontend import FrontEnd
 from harness.api.gradmodes import GRAD_MODES
-from harness.api.precision import AUTOCAST_MODES, Autocast
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.api.threatspec import NORMS, threat_problem
+from harness.config.frontend import FrontEnd
+from harness.config.precision import AUTOCAST_MODES, Autocast
 from harness.errors import ConfigError, MissingInputError
 from harness.sources.catalog import DATASETS
 from harness.sources.spec import INTERPOLATIONS, SUBSETS, dataset_problem, parse_dataset

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from harness.api._seeding import derive_seed
-from harness.api.config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
 from harness.battery.attack_spec import AttackSpec
 from harness.battery.preset_catalog import list_presets
 from harness.battery.presets import resolve_battery
+from harness.config.run_config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
@@ -112,7 +112,7 @@ def test_attack_opt_keys_name_an_entry_or_every_entry():
 
 def test_the_norms_are_declared_once():
     from harness.api import threat, threatspec
-    from harness.api.config import rules
+    from harness.config.run_config import rules
 
     assert rules()["norm"].choices == threatspec.NORMS == threat.NORMS == ("Linf", "L2", "L1")
     assert threat.Norm is threatspec.Norm

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.api.config import (
+from harness.config.run_config import (
     LargeEpsError,
     RunConfig,
     check_eps,
