@@ -30,7 +30,7 @@ from harness.errors import DataError, UsageError
 from harness.progress import get_logger, shard_text
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, records_frame
-from harness.run.phases import Phase, PhaseKind
+from harness.run.phases import Phase, PhaseKind, PhaseSteps
 from harness.run.plan import ShardBatch
 from harness.run.stage import clean_stage
 from harness.sources.corruptions import CorruptionCache, cell_name, cells, resolve_choice
@@ -126,14 +126,13 @@ def prepare_images(cfg: RunConfig, data: DataSource, plan: ShardLayout) -> Corru
     return Corrupted(cache, chosen, digests, hashlib.sha256(blob.encode()).hexdigest())
 
 
-def steps(host: ShardHost, corrupted: Corrupted,
-          phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
+def steps(host: ShardHost, corrupted: Corrupted, phase: Phase) -> PhaseSteps:
     """:meth:`harness.run.shard_phases.RunShards.steps` of a corruptions run: every stage in one phase, no escalation."""
     if phase.kind is not PhaseKind.ATTACKS:
-        return [], lambda s: True, lambda s, idx: []
-    names = [cell_name(c, s) for c, s in corrupted.cells]
-    return (names, lambda s: host.store.shard_stages(s) is not None,
-            lambda s, idx: run_shard(host, corrupted, s, idx))
+        return PhaseSteps((), lambda s: True, lambda s, idx: [])
+    names = tuple(cell_name(c, s) for c, s in corrupted.cells)
+    return PhaseSteps(names, lambda s: host.store.shard_stages(s) is not None,
+                      lambda s, idx: run_shard(host, corrupted, s, idx))
 
 
 def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[int]) -> list[dict[str, Any]]:

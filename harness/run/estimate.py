@@ -205,7 +205,7 @@ def estimate(context: RunContext, data: DataSource, indices: list[int], *, sampl
             capped = samples is None and k * at_worst > CALIBRATION_SECONDS
             k = max(1, min(k, int(CALIBRATION_SECONDS / at_worst))) if capped else k
             t0 = clock()
-            done = ctx.steps(ATTACKS)[2](0, indices[:k])
+            done = ctx.steps(ATTACKS).work(0, indices[:k])
             wall = clock() - t0
             side = store.read_side(0)
             left = int(side["attacks"][base[-1].name]["robust_after"]) if base else k  # after the battery
@@ -216,7 +216,7 @@ def estimate(context: RunContext, data: DataSource, indices: list[int], *, sampl
             run_fired = bool(fired) and (samples is not None or esc_worst <= CALIBRATION_SECONDS)
             if run_fired:
                 t0 = clock()
-                done += ctx.steps(ESCALATION)[2](0, indices[:k])
+                done += ctx.steps(ESCALATION).work(0, indices[:k])
                 wall += clock() - t0
                 side = store.read_side(0)
             why = _reasons([*findings, *side.get("diagnostics", [])], len(base))

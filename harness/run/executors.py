@@ -74,10 +74,10 @@ class LocalExecutor:
     name = "local"
 
     def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: Phase) -> None:
-        names, done, work = ctx.steps(phase)
-        for name in names:
+        steps = ctx.steps(phase)
+        for name in steps.names:
             ctx.bar(name)
-        ctx.each_shard(shards, which, phase, names, done=done, work=work)
+        ctx.each_shard(shards, which, phase, steps)
 
     def close(self) -> None:
         pass
@@ -120,8 +120,8 @@ class RayExecutor:
         self.task = ray.remote(**self.options)(shard_task)
 
     def phase(self, ctx: RunShards, shards: list[list[int]], which: list[int], phase: Phase) -> None:
-        names, done, _ = ctx.steps(phase)
-        todo = [s for s in which if not done(s)]
+        steps = ctx.steps(phase)
+        todo = [s for s in which if not steps.done(s)]
         total, skipped = sum(len(shards[s]) for s in which), sum(len(shards[s]) for s in which if s not in todo)
         device = ctx.context.config.device
         if todo and device.startswith("cuda") and not self.options["num_gpus"]:
@@ -129,9 +129,9 @@ class RayExecutor:
                              "tasks); or use --device auto, which runs tasks without GPUs on the CPU")
         if todo:
             self._start()  # before the clock of the progress estimate starts
-        ctx.progress.start_phase(str(phase), total * len(names), names)
-        ctx.progress.skipped(skipped * len(names))
-        bar = progress_bar(total, f"{phase} ({', '.join(names)})", enabled=ctx.show_bars, initial=skipped)
+        ctx.progress.start_phase(str(phase), total * len(steps.names), list(steps.names))
+        ctx.progress.skipped(skipped * len(steps.names))
+        bar = progress_bar(total, f"{phase} ({', '.join(steps.names)})", enabled=ctx.show_bars, initial=skipped)
         try:
             if not todo:
                 return
@@ -145,7 +145,7 @@ class RayExecutor:
                         stages = self._result(ref, s, len(shards))
                         bar.update(len(shards[s]))
                         if stages is None:  # another process finished it meanwhile
-                            ctx.progress.skipped(len(shards[s]) * len(names))
+                            ctx.progress.skipped(len(shards[s]) * len(steps.names))
                         for stage in stages or []:
                             ctx.progress.stage_done(shard=s, n_shards=len(shards), size=len(shards[s]), **stage)
             except BaseException:  # Ctrl-C or a failed shard: stop the rest (a cancelled task writes nothing)
@@ -226,9 +226,9 @@ def shard_task(job: dict[str, Any], phase: Phase, shard: int, indices: list[int]
     batching = Batching(resumed_size(load_provenance(store.dir).get("batch_sizes"), cfg.batch_size))
     batching.attach(store.record_batch_size)
     ctx = RunShards(placed.context(cfg), data, store, job["n_shards"], n=len(indices), batching=batching)
-    _, done, work = ctx.steps(phase)
+    steps = ctx.steps(phase)
     out: list[list[dict[str, Any]]] = []
-    take(store, shard, indices, ShardJob(done, lambda s, idx: out.append(work(s, idx))), blocking=True)
+    take(store, shard, indices, ShardJob(steps.done, lambda s, idx: out.append(steps.work(s, idx))), blocking=True)
     return out[0] if out else None
 
 

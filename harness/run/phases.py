@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any, Callable
 
 
 class PhaseKind(Enum):
@@ -29,3 +30,13 @@ class Phase:
 
 ATTACKS = Phase(PhaseKind.ATTACKS)
 ESCALATION = Phase(PhaseKind.ESCALATION)
+
+
+@dataclass(frozen=True)
+class PhaseSteps:
+    """What one phase computes, as every executor runs it: the attack ``names`` it records (one progress bar each),
+    whether a shard has them stored (``done``), and the ``work`` computing them on one shard (its dataset indices),
+    which returns the per-stage counts of the progress."""
+    names: tuple[str, ...]
+    done: Callable[[int], bool]
+    work: Callable[[int, list[int]], Any]

@@ -345,8 +345,8 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: ShardLayout)
     before each one (:mod:`harness.stats.stopping`); records the outcome in provenance and returns the number of shards
     the run keeps."""
     cfg, store = ctx.context.config, ctx.store
-    names, done, work = ctx.steps(ATTACKS)
-    for name in names:
+    steps = ctx.steps(ATTACKS)
+    for name in steps.names:
         ctx.bar(name)
     rule, scope = StopRule.parse(cfg.until, cfg.against), Scope(cfg.about)
     population, confidence = len(plan.indices), 0.95
@@ -358,7 +358,7 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: ShardLayout)
             raise UsageError(f"--against {rule.against!r} must be a complete run over the same samples in the same "
                              "order: run it with the same --n, --seed and an --until rule")
         paired = ordered_worst(load_records(other), plan.indices)
-    ctx.progress.start_phase("attacks", population * len(names), names)
+    ctx.progress.start_phase("attacks", population * len(steps.names), list(steps.names))
     state, k = None, 0
     for k in range(len(shards) + 1):
         done_samples = sum(len(idx) for idx in shards[:k])
@@ -376,7 +376,7 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: ShardLayout)
                 break
         if k == len(shards):
             break
-        take(ctx.store, k, shards[k], ctx.job(names, done, work), blocking=True)
+        take(ctx.store, k, shards[k], ctx.job(steps), blocking=True)
     with store.run_lock():
         store.record_sequential({"rule": cfg.until, "against": cfg.against, "about": scope.value,
                                  "population": population, "confidence": confidence, "shards": k,

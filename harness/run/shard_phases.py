@@ -13,7 +13,7 @@ from harness.config.frontend import FrontEnd
 from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
 from harness.run._memory import Batching
 from harness.run.cascade import ShardWork, compute_shard
-from harness.run.phases import ATTACKS, Phase, PhaseKind
+from harness.run.phases import ATTACKS, Phase, PhaseKind, PhaseSteps
 from harness.run.plan import RunContext, StagePlan
 from harness.run.probe import ProbePlan, extend_shard, plan_probe, split_probed
 from harness.sources.datasets import DataSource
@@ -75,11 +75,10 @@ class RunShards:
             for bar in self.bars.values():
                 bar.set_postfix_str(text)
 
-    def steps(self, phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
-        """The attack names of ``phase`` (:mod:`harness.run.phases`), whether a shard has them stored, and the work
-        computing them on a shard: what every executor runs per shard. A shard that runs out of memory is computed
-        again from its start at half the batch size (:mod:`harness.run._memory`)."""
-        names, done, work = self._steps(phase)
+    def steps(self, phase: Phase) -> PhaseSteps:
+        """What ``phase`` (:mod:`harness.run.phases`) computes, as every executor runs it per shard. A shard that runs
+        out of memory is computed again from its start at half the batch size (:mod:`harness.run._memory`)."""
+        inner = self._steps(phase)
 
         def fitted(s: int, idx: list[int]) -> Any:
             mark = self.progress.mark(), {name: bar.n for name, bar in self.bars.items()}
@@ -89,21 +88,21 @@ class RunShards:
                 for name, bar in self.bars.items():
                     bar.n = mark[1].get(name, 0)
                     bar.refresh()
-                return work(s, idx)
+                return inner.work(s, idx)
 
             return self.batching.run(attempt, f"{shard_text(s, self.n_shards)} ({phase})")
 
-        return names, done, fitted
+        return dataclasses.replace(inner, work=fitted)
 
-    def _steps(self, phase: Phase) -> tuple[list[str], Callable[[int], bool], Callable[[int, list[int]], Any]]:
+    def _steps(self, phase: Phase) -> PhaseSteps:
         if self.corrupted is not None:  # no attacks: one stage per corruption and severity
             from harness.run.corruption_stages import steps
             return steps(self, self.corrupted, phase)
         base = self.context.battery
         lead = split_probed(base)[0] if self.defer_probes else base
         if phase.kind is PhaseKind.ATTACKS:
-            return ([b.name for b in lead], lambda s: self.store.shard_stages(s) is not None,
-                    lambda s, idx: compute_shard(self, ShardWork(s, idx, self.plans(lead, 1))))
+            return PhaseSteps(tuple(b.name for b in lead), lambda s: self.store.shard_stages(s) is not None,
+                              lambda s, idx: compute_shard(self, ShardWork(s, idx, self.plans(lead, 1))))
         if phase.kind in (PhaseKind.PROBE, PhaseKind.EXTEND):
             return self._probe_steps(phase, [*base, *self.context.escalations][phase.stage - 1])
         escalations = split_probed(self.context.escalations)[0]  # the probed ones take phases of their own
@@ -114,11 +113,10 @@ class RunShards:
             prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
             return compute_shard(self, ShardWork(s, idx, self.plans(escalations, len(base) + 1), prior))
 
-        return ([e.name for e in escalations], lambda s: (self.store.shard_stages(s) or [])[:len(upto)] == upto,
-                escalate)
+        return PhaseSteps(tuple(e.name for e in escalations),
+                          lambda s: (self.store.shard_stages(s) or [])[:len(upto)] == upto, escalate)
 
-    def _probe_steps(self, phase: Phase, spec: AttackSpec) -> tuple[list[str], Callable[[int], bool],
-                                                                     Callable[[int, list[int]], Any]]:
+    def _probe_steps(self, phase: Phase, spec: AttackSpec) -> PhaseSteps:
         """A probed stage's two phases (:mod:`harness.run.probe`); its plan is read from the records when first needed
         (every shard holds the stages before it then)."""
         probes: list[ProbePlan] = []
@@ -135,25 +133,24 @@ class RunShards:
             def probe(s: int, idx: list[int]) -> list[dict[str, Any]]:
                 prior = self.store.read_shard(s)
                 return compute_shard(self, ShardWork(s, idx, [plan], prior[prior.stage < phase.stage], probed()))
-            return [spec.name], lambda s: spec.name in (self.store.shard_stages(s) or []), probe
+            return PhaseSteps((spec.name,), lambda s: spec.name in (self.store.shard_stages(s) or []), probe)
         done = lambda s: "extended" in self.store.read_side(s)["attacks"].get(spec.name, {}).get("probe", {})  # noqa: E731
-        return [spec.name], done, lambda s, idx: extend_shard(self, s, idx, plan, probed())
+        return PhaseSteps((spec.name,), done, lambda s, idx: extend_shard(self, s, idx, plan, probed()))
 
-    def job(self, names: list[str], done: Callable[[int], bool], work: Callable[[int, list[int]], Any]) -> ShardJob:
-        """The shard protocol's job for one phase: ``done``/``work`` from :meth:`steps`, progress on skips."""
-        return ShardJob(done, work, lambda shard, size: self.skip(shard, size, names))
+    def job(self, steps: PhaseSteps) -> ShardJob:
+        """The shard protocol's job for one phase's ``steps`` (:meth:`steps`), with progress on skips."""
+        return ShardJob(steps.done, steps.work, lambda shard, size: self.skip(shard, size, steps.names))
 
-    def each_shard(self, shards: list[list[int]], which: list[int], phase: Phase, names: list[str], *,
-                   done: Callable[[int], bool], work: Callable[[int, list[int]], None]) -> None:
-        """Run ``work`` on every shard in ``which`` not ``done``, by the shard protocol (:mod:`harness.store.shards`)."""
-        self.progress.start_phase(str(phase), sum(len(shards[s]) for s in which) * len(names), names,
+    def each_shard(self, shards: list[list[int]], which: list[int], phase: Phase, steps: PhaseSteps) -> None:
+        """Run ``steps`` on every shard in ``which`` not done, by the shard protocol (:mod:`harness.store.shards`)."""
+        self.progress.start_phase(str(phase), sum(len(shards[s]) for s in which) * len(steps.names), list(steps.names),
                                   then="escalations if a diagnostic fires" if phase == ATTACKS and self.context.config.escalate
                                   else "")
-        each_shard(self.store, shards, which, self.job(names, done, work),
+        each_shard(self.store, shards, which, self.job(steps),
                    waiting=lambda s: log.info("%s: %s is being computed by another process; waiting for it",
                                               phase, shard_text(s, len(shards))))
 
-    def skip(self, shard: int, size: int, names: list[str]) -> None:
+    def skip(self, shard: int, size: int, names: tuple[str, ...]) -> None:
         for name in names:
             self.bar(name).update(size)
         self.progress.skipped(size * len(names))

@@ -74,9 +74,10 @@ def test_global_state_is_flagged_put_back_and_the_verdict_is_the_truth(kind, pie
 
 
 def test_a_reseeding_defense_cannot_make_the_apgd_t_starts_repeat(cifar_root, tmp_path, monkeypatch):
-    """`standard-fast` runs APGD-T twice (two stages, two seeds) through pyautoattack, which draws its random starts
-    from torch's global generator right after querying the defense: a defense that reseeds that generator in every
-    call would give both stages the same starts. The guard puts the generator back after every call."""
+    """A battery that runs APGD-T twice (two stages, two seeds, as `standard-fast` does) through pyautoattack, which
+    draws its random starts from torch's global generator right after querying the defense: a defense that reseeds
+    that generator in every call would give both stages the same starts. The guard puts the generator back after
+    every call."""
     from pyautoattack.autopgd_base import APGDAttack_targeted
 
     entries: list[tuple[int, bytes]] = []
@@ -87,9 +88,10 @@ def test_a_reseeding_defense_cannot_make_the_apgd_t_starts_repeat(cifar_root, tm
         return original(self, x, y, x_init)
 
     monkeypatch.setattr(APGDAttack_targeted, "attack_single_run", recorded)
-    _run(cifar_root, tmp_path, "reseeder", attacks="standard-fast", attack_opts={"apgd-ce.steps": 5, "apgd-t-malt.steps": 5, "apgd-t-malt-2.steps": 5,
-                                                           "fab-t.steps": 5, "square.queries": 200},
-         n=8)
+    battery = tmp_path / "two-apgd-t.toml"  # standard-fast's two APGD-T entries, alone and short
+    battery.write_text("".join(f'[[attacks]]\nname = "{name}"\nattack = "apgd-t"\noptions = {{ steps = 5, restarts = 1, '
+                               'targets = 2, target_order = "malt" }\n\n' for name in ("apgd-t-malt", "apgd-t-malt-2")))
+    _run(cifar_root, tmp_path, "reseeder", attacks=str(battery), n=8)
     seeds = sorted({seed for seed, _ in entries})
     assert len(seeds) == 2, "both APGD-T stages ran"
     first, second = ([state for seed, state in entries if seed == s] for s in seeds)

@@ -61,7 +61,7 @@ DEFENSE = textwrap.dedent('''
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
         return Defense(net.eval(), Squeeze(delay, pids), num_classes=10, name="user")
 ''')
-N, SHARD = 24, 4
+N, SHARD = 24, 8  # three shards for two workers: work is shared and one waits (more shards only cost time)
 
 
 @pytest.fixture(scope="module")
