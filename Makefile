@@ -7,7 +7,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# the package alone (what `make demo` needs), then its test extras (Ray, diffusers, the linters: `make test`)
 STAMP := $(VENV)/.harness-installed
+TEST_STAMP := $(VENV)/.harness-test-installed
 # samples per demo run: sized to finish in about 10 minutes on 2 CPU cores (see README)
 DEMO_N ?= 500
 DEMO_OUT ?= runs
@@ -31,8 +33,12 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/harness run --defense at-small --run-id demo-at-small $(DEMO_FLAGS)
@@ -44,7 +50,7 @@ demo: $(STAMP)
 	$(BIN)/harness report $(SHIPPED)/at-small $(SHIPPED)/a3-small
 	$(BIN)/harness compare $(SHIPPED)/at-small $(SHIPPED)/a3-small
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy

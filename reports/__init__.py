@@ -72,7 +72,7 @@ def render_table(table: Table, fmt: str = "markdown", *, columns: list[str] | No
     """A table already built (:func:`build_table`) in ``fmt``, its attack columns chosen and ordered by
     ``columns``; incomplete runs labelled as :func:`render` does."""
     fn = _format(fmt)[0]
-    if table.rows and all(row.run.threat == "corruptions" for row in table.rows):  # their own section
+    if table.rows and all(row.run.corruptions for row in table.rows):  # their own section
         from .corruptions import render as render_corruptions
         return label_partial(render_corruptions(table, fmt, columns), fmt, [row.run for row in table.rows])
     if columns:

@@ -100,6 +100,6 @@ def pass_curves(table: Table) -> dict[str, PassCurve]:
     out = {}
     for row in table.rows:
         records = row.run.records
-        if records["stage"].nunique() > 1 and row.run.threat != "corruptions":
+        if records["stage"].nunique() > 1 and not row.run.corruptions:
             out[row.label] = pass_curve(records, row.run.stage_info, str(row.run.config.get("decide_by") or DEFAULT_DECIDE_BY))
     return out

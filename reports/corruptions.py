@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.config.run_config import RunMode
 from harness.errors import UsageError
 from harness.sources.corruptions import cell_name
 from harness.stats.intervals import RESOLVABLE_TAIL, Interval
@@ -26,13 +27,13 @@ from .csv_table import DESCRIPTION, csv_value
 from .outcomes import criterion_note
 from .table import Row, Table, cell_interval, flag_notes, interval_text, pct
 
-THREAT = "corruptions"
+THREAT = RunMode.CORRUPTIONS.value
 MEAN = "mean-corruption"  # the per-sample mean over every corruption stage, as a column of compare
 FORMATS = ("markdown", "csv", "json")
 
 
 def is_corruption_table(table: Table) -> bool:
-    return bool(table.rows) and all(row.run.threat == THREAT for row in table.rows)
+    return bool(table.rows) and all(row.run.corruptions for row in table.rows)
 
 
 def choice(row: Row) -> tuple[list[str], list[int]]:

@@ -47,7 +47,7 @@ class RunDescription:
         """``ℓ∞ ball, ε = 8/255``; ``low-frequency band (DCT frequencies max(u, v) < 8 per channel), ℓ2 ε = 1``;
         ``common corruptions (all 15 CIFAR-10-C) at severities 1, 2, 3, 4, 5, no attack``."""
         t = self.threat
-        if t.kind == "corruptions":
+        if not t.perturbations:  # fixed corrupted images
             which = (f"all {len(CORRUPTIONS)} CIFAR-10-C" if set(self.corruptions) == set(CORRUPTIONS)
                      else ", ".join(self.corruptions))
             return f"common corruptions ({which}) at severities {', '.join(map(str, self.severities))}, no attack"
@@ -59,7 +59,7 @@ class RunDescription:
     def battery_text(self) -> str:
         """``standard (apgd-ce, apgd-t, fab-t, square)``, or the attack names when no preset or file was named;
         the escalations diagnostics added after them."""
-        if self.threat.kind == "corruptions":
+        if not self.threat.perturbations:
             return "none (fixed corrupted images)"
         entries = ", ".join(self.attacks)
         text = entries if self.battery.replace(" ", "") == entries.replace(" ", "") else f"{self.battery} ({entries})"
@@ -83,7 +83,7 @@ class RunDescription:
         """The description as flat values: the CSV's columns and the JSON's fields (``eps_text`` is ε as the
         tables write it, ``8/255``; ``eps`` the number)."""
         t = self.threat
-        sized = t.kind != "corruptions"  # a set of perturbations with a norm and a size
+        sized = t.perturbations  # a set of perturbations with a norm and a size
         return {"threat": t.kind, "norm": t.norm if sized else None, "eps": t.eps if sized else None,
                 "eps_text": describe_eps(t.eps) if sized else None, "band": t.band,
                 "corruptions": list(self.corruptions) or None, "severities": list(self.severities) or None,

@@ -84,7 +84,7 @@ def load_runs(run_dirs: list[Path]) -> list[RunData]:
             raise UsageError(f"{path} is a certification run (`harness certify`); the leaderboard ranks attack runs "
                              "(`harness run`) and published numbers")
     runs = [load_run(p) for p in run_dirs]
-    corrupted = [r.run_id for r in runs if r.threat == "corruptions"]
+    corrupted = [r.run_id for r in runs if r.corruptions]
     if corrupted:
         raise UsageError(f"{', '.join(corrupted)}: --threat corruptions runs have no robust accuracy to rank; the "
                          "leaderboard ranks attack runs (`harness report` shows their mean corruption accuracy)")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.config.run_config import RunMode, run_mode
 from harness.store import rundir as store
 from harness.store.records import not_attempted
 from harness.store.status import Completeness, require_complete
@@ -51,6 +52,11 @@ class RunData:
     def threat(self) -> str:
         """The run's threat model (``lp``, ``lowfreq`` or ``corruptions``; runs made before the choice are ``lp``)."""
         return str(self.config.get("threat") or "lp")
+
+    @property
+    def corruptions(self) -> bool:
+        """A run of fixed corrupted images, not of attacks (:func:`harness.config.run_config.run_mode`)."""
+        return run_mode(self.config) is RunMode.CORRUPTIONS
 
     @property
     def partial(self) -> bool:

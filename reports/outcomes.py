@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from harness.api.flags import FlagCode
+from harness.config.run_config import RunMode, run_mode
 from harness.stats.criteria import DEFAULT_REPORT_CRITERION, Criterion, get_criterion
 from harness.stats.plateau import tolerance_of
 from harness.stats.scoring import eval_draws, stages, worst_case
@@ -31,7 +32,7 @@ def criterion_note(criterion: str | Criterion) -> str:
 def is_cascade(records: pd.DataFrame, config: dict[str, Any] | None = None) -> bool:
     """Cascade mode (each attack only on samples still robust) unless the run's config says
     ``every_attack`` or is a corruptions run; without a config, inferred from whether any attack skipped samples."""
-    if config and config.get("threat") == "corruptions":  # every corruption stage evaluates every sample
+    if config and run_mode(config) is RunMode.CORRUPTIONS:  # every corruption stage evaluates every sample
         return False
     if config and "every_attack" in config:
         return not bool(config["every_attack"])

@@ -162,16 +162,21 @@ class ThreatSpec:
             raise UsageError(f"threat model {text!r}: band must be a whole number, got {band!r}")
         return cls(kind, norm, eps, None if band is None else int(band)), extra
 
+    @property
+    def perturbations(self) -> bool:
+        """Whether attacks search a set of perturbations under this kind (not so for fixed corrupted images)."""
+        return threat_kind(self.kind).perturbations
+
     def describe(self) -> str:
         """``Linf ε=8/255``, ``lowfreq L2 ε=1 band=8``: the label of a report's row or error."""
-        if self.kind == "corruptions":
-            return "corruptions"
+        if not self.perturbations:
+            return self.kind
         size = f"{self.norm} ε={describe_eps(self.eps)}"
         return size if self.kind == "lp" else f"{self.kind} {size}" + ("" if self.band is None else f" band={self.band}")
 
     def family(self) -> tuple[str, str, int | None]:
         """What two threat models must share to be one family, whose runs may differ in ``eps`` only."""
-        return (self.kind, "", None) if self.kind == "corruptions" else (self.kind, self.norm, self.band)
+        return (self.kind, self.norm, self.band) if self.perturbations else (self.kind, "", None)
 
     def fields(self) -> dict[str, Any]:
         """The ``RunConfig`` fields of this threat model."""

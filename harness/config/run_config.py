@@ -11,6 +11,7 @@ import math
 import sys
 import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -42,6 +43,21 @@ LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": N
                                 "band": None, "decide_by": DEFAULT_DECIDE_BY,
                                 "plateau_probe": None, "plateau_tolerance": None, "subset": None, "resize": None, "crop": None,
                                 "interpolation": None}
+
+
+class RunMode(str, Enum):
+    """What a run does to its images, decided in one place (:func:`run_mode`): attacks search a threat model's set of
+    perturbations (``attack``: a cascade of stages, escalations, the verdict), or the images are fixed corruptions
+    evaluated as they are (``corruptions``: one stage per corruption and severity, every sample in each)."""
+    ATTACK = "attack"
+    CORRUPTIONS = "corruptions"
+
+
+def run_mode(config: RunConfig | Mapping[str, Any]) -> RunMode:
+    """The mode of a run from its config (a ``RunConfig`` or a stored ``config.toml``'s dict; runs made before the
+    threat model was a choice are attack runs): a threat kind without a set of perturbations fixes the images."""
+    threat = config.get("threat") if isinstance(config, Mapping) else config.threat
+    return RunMode.CORRUPTIONS if threat == RunMode.CORRUPTIONS.value else RunMode.ATTACK
 
 
 @dataclass
@@ -254,7 +270,7 @@ def check_eps(cfg: RunConfig, bounds: tuple[float, float], dimension: int) -> No
     """Refuse (:class:`LargeEpsError`) an ε at or beyond :func:`eps_limit` of its norm on inputs in ``bounds`` of
     ``dimension`` values, unless ``cfg.allow_large_eps``: typically a forgotten ``/255``. A corruptions run has
     no ε."""
-    if cfg.threat == "corruptions" or cfg.allow_large_eps:
+    if run_mode(cfg) is RunMode.CORRUPTIONS or cfg.allow_large_eps:
         return
     limit = eps_limit(cfg.norm, bounds, dimension)
     if cfg.eps >= limit:

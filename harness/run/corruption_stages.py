@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from harness.api.attack import perturbation_norms
-from harness.config.run_config import RunConfig
+from harness.config.run_config import RunConfig, RunMode, run_mode
 from harness.diagnostics import after_stage as diagnostics
 from harness.errors import DataError, UsageError
 from harness.progress import get_logger, shard_text
@@ -40,7 +40,7 @@ from harness.store.fingerprint import Fingerprint
 from harness.store.rundir import ShardLayout
 
 log = get_logger("runner")
-THREAT = "corruptions"
+THREAT = RunMode.CORRUPTIONS.value  # the records' threat column of its stages
 NORM = "corruption"  # the records' norm column of a corruption stage
 # options that do not apply to a corruptions run: (field, flag, is it given?)
 _NOT_APPLICABLE: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
@@ -55,7 +55,7 @@ def check_config(cfg: RunConfig) -> dict[str, Any]:
     """Refuse options that do not fit the threat model (one line each); for a corruptions run, the config fields
     it resolves: the corruptions and severities (default all), and off what only attacks use (escalation, the
     gradient probe)."""
-    if cfg.threat != THREAT:
+    if run_mode(cfg) is not RunMode.CORRUPTIONS:
         given = [flag for flag, v in (("--corruptions", cfg.corruptions), ("--severities", cfg.severities))
                  if v is not None]
         if given:

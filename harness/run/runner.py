@@ -25,7 +25,7 @@ from harness.battery.preset_catalog import default_preset
 from harness.battery.presets import ESCALATION_PREFIX, battery_settings, resolve_battery
 from harness.battery.resolve import check_battery
 from harness.config.frontend import FrontEnd
-from harness.config.run_config import RunConfig, check_eps, check_values, config_warnings
+from harness.config.run_config import RunConfig, RunMode, check_eps, check_values, config_warnings, run_mode
 from harness.diagnostics.escalation import QUERY_FLAGS
 from harness.diagnostics.isolated import start_server
 from harness.diagnostics.merge import collect_escalations, requested_by, run_flags
@@ -90,7 +90,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
         resolved["about"] = cfg.about or Scope.MODELS.value  # what "A is more robust than B" means
     if cfg.eval_repeats is None:
         resolved["eval_repeats"] = 10 if defense.stochastic else 1
-    if cfg.threat == corruption_stages.THREAT:
+    if run_mode(cfg) is RunMode.CORRUPTIONS:
         resolved["decide_by"] = cfg.decide_by or DEFAULT_DECIDE_BY  # no cascade: every corruption stage evaluates every sample
         return dataclasses.replace(cfg, **resolved), defense, data, indices
     return _resolve_battery(dataclasses.replace(cfg, **resolved), defense), defense, data, indices
@@ -162,7 +162,7 @@ def estimate_run(cfg: RunConfig, defense: Defense | None = None, *, samples: int
     if rebuildable:
         start_server()
     cfg, defense, data, indices = prepare(cfg, defense)
-    if cfg.threat == corruption_stages.THREAT:
+    if run_mode(cfg) is RunMode.CORRUPTIONS:
         raise UsageError("--estimate times attack stages; a --threat corruptions run has none (it costs one evaluation "
                          "of each image per stage and eval repeat, plus generating the corrupted images once)")
     batching = Batching(cfg.batch_size)
@@ -251,7 +251,7 @@ def _open_run(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[
     plan = ShardLayout.split(indices, cfg.shard_size)
     fp = fingerprint.compute(cfg.defense, defense, data.fingerprint(indices))
     corrupted = None
-    if cfg.threat == corruption_stages.THREAT:  # generated (or read from the cache) now, and fingerprinted
+    if run_mode(cfg) is RunMode.CORRUPTIONS:  # generated (or read from the cache) now, and fingerprinted
         if executor != "local":
             raise UsageError(f"--executor {executor} does not run --threat corruptions yet; use --executor local (or "
                              "--shard-slice for several jobs)")

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from harness import atomic
 from harness.api.flags import check_codes
-from harness.config.run_config import RunConfig, read_config, write_config
+from harness.config.run_config import RunConfig, RunMode, read_config, run_mode, write_config
 from harness.errors import HarnessError, MissingInputError, UsageError
 from harness.sources.corruptions import cell_name, cells
 from harness.stats.scoring import stages
@@ -154,7 +154,7 @@ class ShardLayout:
 def stage_names(cfg: RunConfig) -> list[str]:
     """Stage names a complete shard holds, in order: clean, the battery, then the escalations (a corruptions run:
     clean, then each corruption at each severity)."""
-    if cfg.threat == "corruptions":
+    if run_mode(cfg) is RunMode.CORRUPTIONS:
         return ["clean"] + [cell_name(c, s) for c, s in cells(cfg.corruptions or [], cfg.severities or [])]
     specs = [*cfg.battery, *cfg.escalations]
     return ["clean"] + [str(s.get("name") or s.get("attack")) for s in specs]

@@ -116,3 +116,12 @@ def test_the_norms_are_declared_once():
 
     assert rules()["norm"].choices == threatspec.NORMS == threat.NORMS == ("Linf", "L2", "L1")
     assert threat.Norm is threatspec.Norm
+
+
+def test_the_run_mode_is_decided_in_one_place_from_a_config_or_a_stored_one():
+    from harness.config.run_config import RunMode, run_mode
+
+    assert run_mode(RunConfig(defense="none", threat="corruptions")) is RunMode.CORRUPTIONS
+    assert run_mode(RunConfig(defense="none", threat="lowfreq")) is RunMode.ATTACK
+    assert run_mode({"threat": "corruptions"}) is RunMode.CORRUPTIONS
+    assert run_mode({}) is RunMode.ATTACK  # a stored config from before the threat model was a choice
