@@ -167,9 +167,14 @@ class SideEffects:
                 items.append(value)
 
 
+# file timestamps come from the kernel's coarse clock, up to a tick (1-10 ms) behind time.time(): a file written
+# just after the watch began may carry an mtime just before it
+MTIME_SLACK = 0.05
+
+
 def _modified_since(path: str, since: float) -> bool:
     try:
-        return os.stat(path).st_mtime >= since
+        return os.stat(path).st_mtime >= since - MTIME_SLACK
     except OSError:
         return False
 

@@ -67,6 +67,17 @@ def test_a_file_written_from_c_is_caught_when_read_back(tmp_path):
     assert earlier.take().read_back == []
 
 
+def test_a_file_stamped_a_clock_tick_before_the_watch_began_still_counts(tmp_path):
+    """The kernel stamps files from a coarse clock, a tick behind ``time.time()``: a file written right after the watch
+    began can carry an mtime just before it, and must still count as written during the run."""
+    watch = SideEffects()
+    path = tmp_path / "m.pt"
+    torch.save(torch.zeros(2), str(path))  # from C++: only its mtime tells
+    os.utime(path, (watch.since - 0.005, watch.since - 0.005))  # as a 200 Hz kernel clock could stamp it
+    _call(watch, lambda: torch.load(str(path), weights_only=True))
+    assert watch.take().read_back == [str(path)]
+
+
 def test_sockets_and_processes_are_recorded(tmp_path):
     watch = SideEffects()
 
