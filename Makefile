@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # the package alone (what `make demo` needs), then its test extras (Ray, diffusers, the linters: `make test`)
 STAMP := $(VENV)/.harness-installed
 TEST_STAMP := $(VENV)/.harness-test-installed
-# samples per demo run: sized to finish in about 10 minutes on 2 CPU cores (see README)
+# samples per demo run: sized to finish in about 5 minutes on 2 CPU cores, installing included (see README)
 DEMO_N ?= 500
 DEMO_OUT ?= runs
 DEMO_FLAGS ?= --n $(DEMO_N) --seed 0 --attacks apgd-ce,apgd-t --out $(DEMO_OUT)
