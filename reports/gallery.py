@@ -63,15 +63,17 @@ def _hwc(t: Any, clip: bool = True) -> np.ndarray:
     return np.clip(a, 0.0, 1.0) if clip else a
 
 
-def _kept(run: RunData) -> dict[str, Any]:
-    """Every shard's kept inputs of ``run`` merged: index, clean images, per-stage inputs and purifier outputs."""
+def _kept(run: RunData, wanted: set[int]) -> dict[str, Any]:
+    """The kept inputs of the samples ``wanted`` (dataset indices), merged from the shards that hold them: index, clean
+    images, per-stage inputs and purifier outputs. Only those shards are read, and only those rows kept."""
     if not run.config.get("save_adversarials"):
         raise UsageError(f"run {run.run_id!r} kept no adversarial inputs, so it has no gallery; rerun it with "
                          "--save-adversarials (harness run) or save_adversarials=True (harness.evaluate)")
     import torch
 
-    store = RunStore(run.path)
-    shards = [s for s in (store.read_adversarials(int(k)) for k in sorted(run.records["shard"].unique())) if s]
+    store, records = RunStore(run.path), run.records
+    holding = sorted(records.loc[records["index"].isin(wanted), "shard"].unique()) or sorted(records["shard"].unique())[:1]
+    shards = [_rows(s, wanted) for s in (store.read_adversarials(int(k)) for k in holding) if s]
     if not shards or any("x" not in s for s in shards):
         raise UsageError(f"run {run.run_id!r} kept its adversarial inputs without the clean images (a run made before "
                          "the gallery); rerun it with --save-adversarials into another --run-id for a gallery")
@@ -81,6 +83,16 @@ def _kept(run: RunData) -> dict[str, Any]:
             "x": torch.cat([s["x"] for s in shards]),
             "x_adv": {n: torch.cat([s["x_adv"][n] for s in shards]) for n in names},
             "purified": {n: torch.cat([s["purified"][n] for s in shards]) for n in purified}}
+
+
+def _rows(shard: dict[str, Any], wanted: set[int]) -> dict[str, Any]:
+    """A shard's kept inputs cut to the rows of the samples ``wanted``."""
+    import torch
+
+    keep = torch.tensor([int(i) in wanted for i in torch.as_tensor(shard["index"]).tolist()], dtype=torch.bool)
+    cut = {"index": torch.as_tensor(shard["index"])[keep], "x_adv": {k: v[keep] for k, v in shard["x_adv"].items()},
+           "purified": {k: v[keep] for k, v in shard.get("purified", {}).items()}}
+    return cut | ({"x": shard["x"][keep]} if "x" in shard else {})
 
 
 def _choose(part: pd.DataFrame, scores: np.ndarray, k: int, seed: int) -> list[int]:
@@ -97,17 +109,22 @@ def _choose(part: pd.DataFrame, scores: np.ndarray, k: int, seed: int) -> list[i
 def gallery_columns(run: RunData, criterion: str | Criterion, *, attack: str | None = None, k: int = PER_KIND,
                     seed: int = 0) -> list[GalleryColumn]:
     """The gallery of ``run``: one column per attack stage it kept (or only ``attack``)."""
-    kept = _kept(run)
+    staged = [a for a in run.records.drop_duplicates("stage").sort_values("stage")["attack"] if a != "clean"]
+    chosen = {}  # attack -> (its records, their scores, the rows shown): from the records alone
+    for name in staged:
+        part = run.records[run.records["attack"] == name].reset_index(drop=True)
+        scores = row_scores(part, criterion)
+        chosen[name] = (part, scores, _choose(part, scores, k, seed))
+    kept = _kept(run, {int(p["index"].iloc[r]) for p, _, rows in chosen.values() for r in rows})
     position = {int(i): p for p, i in enumerate(kept["index"])}
-    attacks = [a for a in run.records.drop_duplicates("stage").sort_values("stage")["attack"] if a in kept["x_adv"]]
+    attacks = [a for a in staged if a in kept["x_adv"]]
     if attack is not None and attack not in attacks:
         raise UsageError(f"run {run.run_id!r} kept the inputs of {', '.join(attacks) or 'no attack'}, not {attack!r}")
     out = []
     for name in [attack] if attack is not None else attacks:
-        part = run.records[run.records["attack"] == name].reset_index(drop=True)
-        scores = row_scores(part, criterion)
+        part, scores, rows = chosen[name]
         examples = [_example(kept, name, part.iloc[r], float(scores[r]), position[int(part["index"].iloc[r])])
-                    for r in _choose(part, scores, k, seed)]
+                    for r in rows]
         largest = max((float(np.abs(e.images["perturbation"]).max()) for e in examples), default=0.0)
         amplification = max(1.0, float(np.floor(0.5 / largest))) if largest > 0 else 1.0
         out.append(GalleryColumn(run.name, name, tuple(examples), amplification))
