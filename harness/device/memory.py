@@ -11,10 +11,13 @@ import re
 import resource
 import sys
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
 from harness.errors import HarnessError
+
+T = TypeVar("T")
 
 # what the allocators say: CUDA ("CUDA out of memory"), MPS ("MPS backend out of memory"), the CPU allocator
 # ("DefaultCPUAllocator: can't allocate memory"), and the C library's wording
@@ -56,6 +59,21 @@ def release_memory() -> None:
     mps = getattr(torch, "mps", None)
     if mps is not None and torch.backends.mps.is_available():
         mps.empty_cache()
+
+
+def halving(size: int, attempt: Callable[[int], T], refuse: Callable[[BaseException, int], None]) -> tuple[T, int]:
+    """``attempt(size)`` and the size it fitted at, started again at half the size after each out-of-memory error
+    (cached memory given back first). ``refuse(error, size)`` sees each such error first: it raises when the caller
+    gives up (at size 1, in the caller's words), and may log or record the back-off. Other errors propagate."""
+    while True:
+        try:
+            return attempt(size), size
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are retried; others re-raised
+            if not is_out_of_memory(exc):
+                raise
+            refuse(exc, size)
+        release_memory()  # after the except block: the error's frames, and the tensors they held, are gone
+        size //= 2
 
 
 def reset_peak(device: torch.device) -> None:

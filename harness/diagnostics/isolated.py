@@ -48,7 +48,7 @@ from harness.api._seeding import seeded
 from harness.api.defense import DEFENSES, Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.registry import absolute_spec, spec_file
-from harness.device.memory import is_out_of_memory, peak_bytes, release_memory
+from harness.device.memory import halving, peak_bytes, release_memory
 from harness.errors import DoesNotFitError, HarnessError, SetupError, one_line
 from harness.progress import get_logger
 from harness.watch.guard import Guard, Seen
@@ -122,21 +122,16 @@ class DefenseRecipe:
 # memory through file descriptors served by the sending process, which exits right after its call.
 
 def _fitting(device: torch.device, batch_size: int, work: Callable[[int], T]) -> tuple[T, int]:
-    """``work(size)`` and the size it fitted at: halved on out-of-memory from ``batch_size``, as the attacked process
-    does (:mod:`harness.run._memory`), down to one sample."""
-    while True:
-        try:
-            return work(batch_size), batch_size
-        except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are retried; others re-raised
-            if not is_out_of_memory(exc):
-                raise
-            if batch_size <= 1:
-                raise DoesNotFitError(f"the verdict's new process ran out of memory on {device} at batch size 1: one "
-                                      "sample does not fit beside what the attacked process holds there; give the "
-                                      "verdict another device with --verify-device (cpu, or another GPU) "
-                                      f"[{type(exc).__name__}: {one_line(exc)}]") from exc
-        release_memory()  # after the except block: the error's frames, and the tensors they held, are gone
-        batch_size //= 2
+    """``work(size)`` and the size it fitted at: halved on out-of-memory from ``batch_size``, by the attacked process's
+    rule (:func:`harness.device.memory.halving`), down to one sample."""
+    def refuse(exc: BaseException, size: int) -> None:
+        if size <= 1:
+            raise DoesNotFitError(f"the verdict's new process ran out of memory on {device} at batch size 1: one "
+                                  "sample does not fit beside what the attacked process holds there; give the "
+                                  "verdict another device with --verify-device (cpu, or another GPU) "
+                                  f"[{type(exc).__name__}: {one_line(exc)}]") from exc
+
+    return halving(batch_size, work, refuse)
 
 
 def _evaluate(defense: Defense, device: torch.device, x: np.ndarray, y: np.ndarray, repeats: int, seed: int,

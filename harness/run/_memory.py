@@ -15,7 +15,7 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from harness.device.memory import asked_for, is_out_of_memory, release_memory
+from harness.device.memory import asked_for, halving
 from harness.errors import DoesNotFitError, one_line
 from harness.progress import get_logger
 
@@ -45,14 +45,11 @@ class Batching:
     def run(self, work: Callable[[], T], where: str) -> T:
         """``work()`` (which reads :attr:`size`), started again at half the size after each out-of-memory error;
         :class:`DoesNotFitError` when it does not fit at size 1."""
-        while True:
-            try:
-                return work()
-            except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are retried; others re-raised
-                if not is_out_of_memory(exc):
-                    raise
-                self._halve(exc, where)
-            release_memory()  # after the except block: the error's frames, and the tensors they held, are gone
+        def attempt(size: int) -> T:
+            self.size = size
+            return work()
+
+        return halving(self.size, attempt, lambda exc, size: self._halve(exc, where))[0]
 
     def _halve(self, exc: BaseException, where: str) -> None:
         asked = asked_for(exc)
