@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = "harness"
-PLUGIN_FOLDERS = ("attacks", "defenses", "reports", "presets")  # installed as harness.<folder> (setup.py)
+PLUGIN_FOLDERS = ("attacks", "defenses", "threats", "reports", "presets")  # installed as harness.<folder> (setup.py)
 DEVELOPMENT_ONLY = ("ruff.toml", ".gitignore")  # committed in the package folders, not needed at run time
 API_DOC, API_IMAGES = ROOT / "docs" / "api.md", 4  # the docs' example on 4 images instead of its 64
 RUN_IMAGES, RUN_STEPS = 16, 20  # harness run: APGD-CE with 20 iterations on 16 images
@@ -208,6 +208,9 @@ def check_installed_harness(venv: Path, env: dict[str, str], work: Path, version
 
 def check_commands(env: dict[str, str], work: Path, data: str) -> None:
     run(["harness", "list", "defenses"], what="harness list defenses", cwd=work, env=env, expect=("at-small",))
+    # the built-in kinds of threat model come from the harness.threats entry point, with their parameters
+    run(["harness", "threats", "--help"], what="harness threats --help", cwd=work, env=env,
+        expect=("band=INT",))
     run(["harness", "run", "--defense", "at-small", "--attacks", "apgd-ce", "--attack-opt", f"steps={RUN_STEPS}",
          "--no-escalate", "--n", str(RUN_IMAGES), "--data-root", data, "--out", "runs", "--run-id", "at-small"],
         what="harness run", cwd=work, env=env, expect=(f"| at-small | {RUN_IMAGES} |", "apgd-ce"))

@@ -4,7 +4,7 @@ Two runs are ranked only when everything that changes attack strength or scoring
 dataset (and its subset), the preprocessing of its images, the threat model, the sample indices, the evaluation repeats R, the criterion the cascade decided by
 (``decide_by``, when a defense draws more than once), the attacks' autocast precision, the battery (its attacks in
 order and each entry's options, escalations included) and, per attack, the record columns
-:data:`harness.store.records.BUDGET_COLUMNS` (ε, norm, the threat model's kind and band, iterations, restarts, step
+:data:`harness.store.records.BUDGET_COLUMNS` (ε, norm, the threat model's kind and parameters, iterations, restarts, step
 size, schedule, loss, EOT, gradient mode, queries, noise samples). The gradient mode is skipped when either run's
 defense has no purifier (its provenance's ``defense.purifier`` is None): full, bpda and surrogate gradients are then
 one function. Each difference is a :class:`Mismatch` of one :class:`Aspect`, so that a command can say which
@@ -67,7 +67,7 @@ class Mismatch:
 
 
 # per-attack budget columns that are the threat model's (a difference there is one of threat model)
-_THREAT_COLUMNS = ("eps", "norm", "threat", "band")
+_THREAT_COLUMNS = ("eps", "norm", "threat", "threat_params")
 
 
 def _stages(run: RunData) -> list[str]:
@@ -111,7 +111,7 @@ def without_purifier(a: RunData, b: RunData) -> list[str]:
 
 
 def same_threat(a: ThreatSpec, b: ThreatSpec) -> bool:
-    """One threat model: the same family (kind, norm, band) and ε (to rounding of its stored float)."""
+    """One threat model: the same family (kind, norm, parameters) and ε (to rounding of its stored float)."""
     return a.family() == b.family() and (a.kind == CORRUPTIONS or math.isclose(a.eps, b.eps, rel_tol=1e-9))
 
 

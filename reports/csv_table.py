@@ -12,7 +12,7 @@ from .load import RunData
 from .table import Table, interval_text, pct
 
 # the description's columns, after the flags (the columns before them keep their places); lists joined with spaces
-DESCRIPTION = ("threat", "norm", "eps", "eps_text", "band", "corruptions", "severities", "battery", "attacks",
+DESCRIPTION = ("threat", "norm", "eps", "eps_text", "threat_params", "corruptions", "severities", "battery", "attacks",
                "escalations", "R", "stochastic", "selection")
 FIELDS = ("", " low", " high", " method", " upper bound", " wilson low", " wilson high", " cell")
 
@@ -42,7 +42,10 @@ def render_csv(table: Table) -> str:
 
 
 def csv_value(value: object) -> object:
-    """A description field as a CSV cell: a list joined with spaces, None empty, a bool yes/no."""
+    """A description field as a CSV cell: a list joined with spaces, a mapping as ``key=value`` separated by commas
+    (a threat kind's parameters: ``band=8``), None empty, a bool yes/no."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
     if isinstance(value, list):
         return " ".join(map(str, value))
     if isinstance(value, bool):

@@ -1,5 +1,5 @@
 """What a table's numbers are about, so that a table read without its run directory still says it: the threat
-model (kind, norm, ε, band or corruption set), the battery, the evaluation draws R, the dataset, n and how the
+model (kind, norm, ε, its kind's parameters or corruption set), the battery, the evaluation draws R, the dataset, n and how the
 images were chosen. Read once per run from its stored config and provenance (:class:`RunDescription`), and
 written by every format the same way: a line above the Markdown and HTML tables and the start of the LaTeX
 caption (:func:`table_description`), columns of the CSV and fields of the JSON (:meth:`RunDescription.fields`).
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.api.threatspec import ThreatSpec, describe_eps
+from harness.api.threatspec import ThreatSpec, describe_eps, threat_kind
 from harness.sources.catalog import DATASETS
 from harness.sources.corruptions import CORRUPTIONS
 from harness.sources.spec import Preprocess
@@ -51,10 +51,8 @@ class RunDescription:
             which = (f"all {len(CORRUPTIONS)} CIFAR-10-C" if set(self.corruptions) == set(CORRUPTIONS)
                      else ", ".join(self.corruptions))
             return f"common corruptions ({which}) at severities {', '.join(map(str, self.severities))}, no attack"
-        norm = NORM_SYMBOLS.get(t.norm, t.norm)
-        if t.kind == "lowfreq":
-            return f"low-frequency band (DCT frequencies max(u, v) < {t.band} per channel), {norm} ε = {describe_eps(t.eps)}"
-        return f"{norm} ball, ε = {describe_eps(t.eps)}"
+        return threat_kind(t.kind).prose.format(norm=NORM_SYMBOLS.get(t.norm, t.norm), eps=describe_eps(t.eps),
+                                                kind=t.kind, params=t.params_text(), **t.param_values())
 
     def battery_text(self) -> str:
         """``standard (apgd-ce, apgd-t, fab-t, square)``, or the attack names when no preset or file was named;
@@ -85,7 +83,7 @@ class RunDescription:
         t = self.threat
         sized = t.perturbations  # a set of perturbations with a norm and a size
         return {"threat": t.kind, "norm": t.norm if sized else None, "eps": t.eps if sized else None,
-                "eps_text": describe_eps(t.eps) if sized else None, "band": t.band,
+                "eps_text": describe_eps(t.eps) if sized else None, "threat_params": t.param_values() if sized else None,
                 "corruptions": list(self.corruptions) or None, "severities": list(self.severities) or None,
                 "battery": self.battery, "attacks": list(self.attacks), "escalations": list(self.escalations),
                 "R": self.draws, "stochastic": self.stochastic, "selection": self.selection,

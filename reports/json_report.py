@@ -5,7 +5,8 @@ Schema (fractions in [0, 1])::
     {"run": str, "defense": str, "dataset": str, "n": int,
      "criterion": "all" | "majority" | "mean" | ...,    # extension: stochastic criterion shown (registered name)
      "threat_model": {"kind": "lp" | "lowfreq" | "corruptions", "norm": "Linf" | "L2" | "L1" | null,
-                      "eps": float | null, "eps_text": "8/255" | null, "band": int | null,
+                      "eps": float | null, "eps_text": "8/255" | null,
+                      "threat_params": {str: int | float | str} | null,   # its kind's ({"band": 8} under lowfreq)
                       "corruptions": [str, ...] | null, "severities": [int, ...] | null},
      "battery": str, "attacks": [str, ...], "escalations": [str, ...],   # the battery as named; its entries
      "R": int, "stochastic": bool,                       # evaluation draws per input; a stochastic defense
@@ -32,7 +33,7 @@ from .description import table_description
 from .load import RunData
 from .table import Row, Table
 
-THREAT_KEYS = ("norm", "eps", "eps_text", "band", "corruptions", "severities")  # with "kind": the threat model
+THREAT_KEYS = ("norm", "eps", "eps_text", "threat_params", "corruptions", "severities")  # with "kind": the threat model
 
 
 def run_object(row: Row, table: Table) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.api.threatspec import ThreatSpec
 from harness.config.run_config import RunConfig
 from harness.stats.criteria import ALL
 from harness.stats.scoring import stages, still_attackable, worst_case
@@ -23,11 +24,12 @@ from harness.store.rundir import RunStore, ShardLayout
 
 def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tuple[str, float]] = (("pgd", 0.6),),
                       draws: int = 1, draw_p: float = 0.9, seed: int = 0, eps: float = 8 / 255, norm: str = "Linf",
-                      threat: str = "lp", band: int | None = None, iterations: int = 100, restarts: int = 1, eot: int = 1, queries: int = 0,
+                      threat: str = "lp", threat_params: dict[str, Any] | None = None, iterations: int = 100, restarts: int = 1, eot: int = 1, queries: int = 0,
                       noise_samples: int = 0, grad_mode: str = "full", step_size: float = 0.0, schedule: str = "",
                       loss_fn: str = "ce", nonfinite: int = 0, cascade: bool = True, shards: int = 1,
                       latent: np.ndarray | None = None, index_offset: int = 0) -> pd.DataFrame:
     """Long-format records (one row per sample and stage) with the documented record columns."""
+    params = ThreatSpec(threat, norm, eps, threat_params or {}).params_text()  # as a run records them
     rng = np.random.default_rng(seed)
     u = rng.uniform(size=n) if latent is None else np.asarray(latent, dtype=float)
     labels = rng.integers(0, 10, size=n)
@@ -60,7 +62,7 @@ def synthetic_records(*, n: int = 512, clean: float = 0.9, robust: Sequence[tupl
                 "classifier_backward": float(iterations if stage else 0), "purifier_forward": 0.0,
                 "purifier_backward": 0.0, "projected": False, "nonfinite_query": False,
                 "eps": eps if stage else 0.0, "norm": norm, "threat": threat if stage else "",
-                "band": int(band or 0) if stage else 0, "iterations": iterations if stage else 0,
+                "threat_params": params if stage else "", "iterations": iterations if stage else 0,
                 "restarts": restarts if stage else 0, "eot": eot if stage else 0, "grad_mode": grad_mode if stage else "",
                 "queries": queries if stage else 0, "noise_samples": noise_samples, "step_size": step_size if stage else 0.0,
                 "schedule": schedule if stage else "", "loss_fn": loss_fn if stage else "", "eot_rule": "",
@@ -86,7 +88,8 @@ def write_synthetic_run(run_dir: str | Path, *, defense: str = "none", dataset: 
     attacks = [attack for s, attack in stages(records) if s != 0]
     cfg = RunConfig(defense=defense, dataset=dataset, n=int(len(clean)), seed=int(kwargs.get("seed", 0)),
                     eps=float(kwargs.get("eps", 8 / 255)), norm=str(kwargs.get("norm", "Linf")),
-                    threat=str(kwargs.get("threat", "lp")), band=kwargs.get("band"),
+                    threat=str(kwargs.get("threat", "lp")),
+                    threat_params=dict(kwargs.get("threat_params") or {}),
                     eot=int(kwargs.get("eot", 1)), every_attack=not kwargs.get("cascade", True), attacks="synthetic",
                     battery=[{"name": a, "attack": a} for a in attacks], escalate=False, out=str(path.parent),
                     run_id=path.name, shard_size=max(1, -(-len(clean) // shards)))

@@ -34,18 +34,18 @@ def threats_text(runs: list[tuple[ThreatSpec, RunData]], fmt: str = "markdown",
     rows = [(spec, build_row(run, s, spec.describe())) for spec, run in runs]
     if fmt == "json":
         return json.dumps([{"threat": spec.describe(), "kind": spec.kind, "norm": spec.norm, "eps": spec.eps,
-                            "band": spec.band, "run": row.run.run_id, "n": row.n,
+                            "threat_params": spec.param_values(), "run": row.run.run_id, "n": row.n,
                             **{k: _cell_json(row, k) for k in ("clean", WORST)},
                             "attacks": {c: row.cells[c].accuracy for c in row.cells if c not in ("clean", WORST)},
                             "flags": row.flags} for spec, row in rows], indent=2) + "\n"
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out)
-        writer.writerow(["threat", "kind", "norm", "eps", "band", "run", "n", "clean", "clean low", "clean high",
+        writer.writerow(["threat", "kind", "norm", "eps", "threat_params", "run", "n", "clean", "clean low", "clean high",
                          "worst-case", "worst-case low", "worst-case high", "attacks", "flags"])
         for spec, row in rows:
             c, w = row.cells["clean"].interval, row.cells[WORST].interval
-            writer.writerow([spec.describe(), spec.kind, spec.norm, spec.eps, spec.band or "", row.run.run_id, row.n,
+            writer.writerow([spec.describe(), spec.kind, spec.norm, spec.eps, spec.params_text(), row.run.run_id, row.n,
                              c.estimate, c.low, c.high, w.estimate, w.low, w.high, _attacks_text(row),
                              " ".join(row.flags)])
         return out.getvalue()

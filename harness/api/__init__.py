@@ -6,8 +6,8 @@ configuration is :mod:`harness.config`).
 - :mod:`harness.api.defense`     -- ``Defense`` (purifier + classifier), gradient modes, the defense registry.
 - :mod:`harness.api.attack`      -- ``Attack`` (the base class enforces the threat model), its registry.
 - :mod:`harness.api.threat`      -- ``Threat`` (what the harness asks a threat model) and ``ThreatModel`` (the norm ball).
-- :mod:`harness.api.lowfreq`     -- ``LowFrequency``: an l2 ball restricted to a low-frequency DCT band.
-- :mod:`harness.api.threatspec`  -- a threat model as plain data, and ``register_threat``: a new kind of threat model.
+- :mod:`harness.api.threatspec`  -- a threat model as plain data, and ``register_threat``: a new kind of threat model
+  with the parameters it declares (the built-in kinds are plugins: ``harness.threats``).
 - :mod:`harness.api.target`      -- gradients under a gradient mode, batched EOT, budget counting.
 - :mod:`harness.api.losses`      -- per-sample attack losses (cross-entropy, margin, DLR).
 - :mod:`harness.api.evaluation`  -- a defense's outputs as predictions (non-finite and tied outputs are never correct).
@@ -35,14 +35,13 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["Registry", "RegistryError"], "harness.api.registry"),
     "Target": "harness.api.target",
     **dict.fromkeys(["Threat", "ThreatModel"], "harness.api.threat"),
-    "register_threat": "harness.api.threatspec",
-    "LowFrequency": "harness.api.lowfreq",
+    **dict.fromkeys(["ThreatParam", "register_threat"], "harness.api.threatspec"),
     **dict.fromkeys(["ConfigError", "DataError", "HarnessError", "MissingInputError", "SetupError", "UsageError"],
                     "harness.errors"),
 }
 __all__ = ["ATTACKS", "Attack", "AttackBudget", "AttackResult", "Capabilities", "ConfigError", "Criterion", "DEFENSES",
-           "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "LowFrequency", "MissingInputError",
-           "Registry", "RegistryError", "SetupError", "SmoothingNoise", "Target", "Threat", "ThreatModel",
+           "DataError", "Defense", "FlagCode", "HarnessError", "LOSSES", "MissingInputError",
+           "Registry", "RegistryError", "SetupError", "SmoothingNoise", "Target", "Threat", "ThreatModel", "ThreatParam",
            "UsageError",
            "create_attack", "create_defense", "get_criterion", "get_loss", "list_attacks", "list_criteria",
            "list_defenses", "register_attack", "register_criterion", "register_defense", "register_threat"]
@@ -61,11 +60,10 @@ if TYPE_CHECKING:
     from harness.api.defense import DEFENSES, Defense, SmoothingNoise, create_defense, list_defenses, register_defense
     from harness.api.flags import FlagCode
     from harness.api.losses import LOSSES, get_loss
-    from harness.api.lowfreq import LowFrequency
     from harness.api.registry import Registry, RegistryError
     from harness.api.target import Target
     from harness.api.threat import Threat, ThreatModel
-    from harness.api.threatspec import register_threat
+    from harness.api.threatspec import ThreatParam, register_threat
     from harness.errors import ConfigError, DataError, HarnessError, MissingInputError, SetupError, UsageError
     from harness.stats.criteria import Criterion, get_criterion, list_criteria, register_criterion
 

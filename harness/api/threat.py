@@ -2,7 +2,8 @@
 the harness asks three questions per sample: does ``x_adv`` lie in the set (:meth:`Threat.contains`), how far
 outside is it (:meth:`Threat.violation`), and which point of the set replaces it (:meth:`Threat.project`).
 :class:`ThreatModel` is the ``norm`` ball of radius ``eps`` around ``x`` intersected with the defense's input
-``bounds``; ``harness.api.lowfreq.LowFrequency`` is a ball restricted to low spatial frequencies.
+``bounds``; the kinds' own sets are plugins (``harness.threats``: the low-frequency band's ``LowFrequency``), built
+by :func:`build_threat` from a plain description (:class:`harness.api.threatspec.ThreatSpec`).
 
 A threat model also carries its geometry, which attacks search with (``Attack.geometry``): a random point of the
 set (:meth:`Threat.random_start`), the steepest-ascent direction of a gradient under the set's norm
@@ -25,9 +26,10 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from harness.api.registry import load_object
 from harness.api.threatspec import NORMS as NORMS  # re-exported: the threat objects' norms are the spec's
 from harness.api.threatspec import Norm as Norm
-from harness.api.threatspec import describe_eps
+from harness.api.threatspec import ThreatSpec, describe_eps, perturbation_kinds, threat_kind
 from harness.errors import UsageError
 
 TOLERANCE = 1e-5  # relative: of max(eps, bounds range) for the ball, of the bounds range for the bounds
@@ -242,3 +244,18 @@ def check_data_in_bounds(x: Tensor, bounds: tuple[float, float], who: str = "the
     if xmin < lo - slack or xmax > hi + slack:
         raise UsageError(f"{who} declares input bounds ({lo:g}, {hi:g}) but the data lie in [{xmin:.4g}, {xmax:.4g}]; "
                          "the bounds must contain the data (set Defense(bounds=...) to the data's range, e.g. (0, 1))")
+
+
+def build_threat(spec: ThreatSpec, bounds: tuple[float, float] = (0.0, 1.0)) -> Threat:
+    """The object the harness enforces for ``spec`` on inputs within ``bounds``, made by the builder its kind
+    registered (:func:`harness.api.threatspec.register_threat`)."""
+    build = threat_kind(spec.kind).build
+    if build is None:
+        raise UsageError(f"threat model {spec.kind!r} has no set of perturbations for attacks to stay in; accepted "
+                         f"here: {', '.join(perturbation_kinds())}")
+    builder = load_object(build, kind="threat builder") if isinstance(build, str) else build
+    threat = builder(spec, bounds)
+    if not isinstance(threat, Threat):
+        raise TypeError(f"the builder of threat kind {spec.kind!r} returned {type(threat).__name__}; expected a "
+                        "harness.api.threat.Threat")
+    return threat

@@ -97,8 +97,10 @@ RUN_HELP: dict[str, str] = {
     "against": "run directory that --until decided compares with (same --n, --seed and --until order)",
     "threat": "threat model: lp (the --norm ball of radius --eps), lowfreq (low-frequency perturbations) or "
               "corruptions (common corruptions, no optimization); docs/threat-models.md [default: lp]",
-    "band": "with --threat lowfreq: the DCT band, perturbations in the frequencies max(u, v) < BAND of each channel "
-            "(8 of 32 on CIFAR-10: 1/16 of the dimensions) [default: 8]",
+    "threat_params": "a parameter the --threat kind declares, value a TOML literal (repeatable): for lowfreq "
+                     "band=K, the DCT band, perturbations in the frequencies max(u, v) < K of each channel (8 of 32 "
+                     "on CIFAR-10: 1/16 of the dimensions) [default: the kind's defaults; harness threats --help "
+                     "lists each kind's]",
     "corruptions": "with --threat corruptions: the CIFAR-10-C corruptions to evaluate, separated by commas, e.g. "
                    "gaussian_noise,fog [default: all 15]",
     "severities": "with --threat corruptions: the severities to evaluate (1 to 5), separated by commas, e.g. 1,3,5 "
@@ -128,7 +130,8 @@ def _integers(text: str) -> list[int]:
 # parsed further than their annotation says
 _TYPES: dict[str, Any] = {"eps": number_or_fraction, "n": str, "indices": _indices, "corruptions": _names,
                           "severities": _integers}
-_METAVARS = {"defense_opts": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN",
+KEY_VALUE_FIELDS = ("defense_opts", "attack_opts", "threat_params")  # dict fields: a repeatable KEY=VALUE option
+_METAVARS = {"defense_opts": "KEY=VALUE", "threat_params": "KEY=VALUE", "attack_opts": "[ATTACK.]KEY=VALUE", "until": "RULE", "against": "RUN",
              "indices": "FILE|LIST", "corruptions": "NAME,...", "severities": "S,...", "about": "|".join(RULES["about"].choices),
              "threat": "|".join(threat_kinds())}
 _SCHEMA_CHECKED = {"about"}  # choices checked by the schema after parsing (a one-line error), not by argparse
@@ -156,7 +159,7 @@ def add_config_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()
         kw: dict[str, Any] = {"dest": name, "default": None, "help": (text + shown).strip() or None}
         if kind is bool:
             kw["action"] = "store_false" if flag.startswith("--no-") else "store_true"
-        elif name in ("defense_opts", "attack_opts"):
+        elif name in KEY_VALUE_FIELDS:
             kw.update(action="append", metavar=_METAVARS[name])
         else:
             kw["type"] = _TYPES.get(name, kind)
@@ -178,7 +181,7 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
     values = {name: getattr(args, name, None) for name in RUN_HELP}  # a field a command excluded: not given
     values["n"] = parse_n(values["n"]) if values["n"] is not None else None
-    for name in ("defense_opts", "attack_opts"):
+    for name in KEY_VALUE_FIELDS:
         values[name] = parse_key_values(values[name], FrontEnd.CLI.option(name)) or None
     return values
 

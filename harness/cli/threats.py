@@ -5,6 +5,7 @@ a row per threat model."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -13,9 +14,21 @@ from harness.cli.options import add_config_options
 COMMAND = "threats"
 HELP = "one defense under several threat models (unseen threats): a run each, one table"
 # fields each --threat sets (or that do not apply to a set of runs), so they are not options of this command
-SET_BY_THREAT = ("eps", "norm", "threat", "band", "run_id", "until", "against", "about", "corruptions", "severities")
+SET_BY_THREAT = ("eps", "norm", "threat", "threat_params", "run_id", "until", "against", "about", "corruptions", "severities")
 L1_BATTERY = "apgd-l1,apgd-t-l1"  # AutoAttack's l1 APGD attacks (Croce & Hein, 2021)
-LOWFREQ_BATTERY = "lowfreq"  # presets/lowfreq.toml
+
+
+def kinds_help() -> str:
+    """Each registered kind of threat model with a set of perturbations: its norms, parameters and default battery."""
+    from harness.api.threatspec import perturbation_kinds, threat_kind
+
+    lines = []
+    for name in perturbation_kinds():
+        kind = threat_kind(name)
+        params = "; ".join(f"{p.name}={p.kind.__name__.upper()}: {p.help} [default: {p.default}]" for p in kind.params)
+        battery = f"; battery {kind.battery}" if kind.battery else ""
+        lines.append(f"{name} ({'/'.join(kind.norms)}{battery}){': ' + params if params else ''}")
+    return "kinds of threat model: " + ". ".join(lines) + "."
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,14 +37,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(COMMAND, help=HELP,
                        description="Evaluate one defense under each --threat: a run each (OUT/RUN_ID/, resumed when "
                                    "the command runs again), then one table, a row per threat model, with the clean "
-                                   "and worst-case accuracy and their intervals and each attack's accuracy.")
+                                   "and worst-case accuracy and their intervals and each attack's accuracy. "
+                                   + kinds_help())
     p.add_argument("--threat", dest="threats", action="append", required=True, metavar="SPEC",
-                   help="a threat model (repeatable): [KIND:]NORM:EPS[:band=K][:attacks=A], e.g. Linf:8/255, L2:1, "
+                   help="a threat model (repeatable): [KIND:]NORM:EPS[:PARAM=VALUE...][:attacks=A], e.g. Linf:8/255, L2:1, "
                         "L1:12, lowfreq:L2:1:band=8; attacks= sets its battery (a preset, a battery file or attack "
-                        f"names separated by commas) [default: --attacks for Linf and L2, {L1_BATTERY} for L1, the "
-                        f"{LOWFREQ_BATTERY} preset for lowfreq]")
+                        f"names separated by commas) [default: the battery the kind registered (the lowfreq preset "
+                        f"for lowfreq), else --attacks for Linf and L2 and {L1_BATTERY} for L1]")
     p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the options below (keys as in "
-                                                        "config.toml); each --threat sets eps, norm, threat and band")
+                                                        "config.toml); each --threat sets eps, norm, threat and its kind's parameters")
     add_config_options(p, exclude=SET_BY_THREAT)
     p.add_argument("--format", default="markdown", choices=FORMATS, help="format of the table [default: markdown]")
     p.add_argument("--force-resume", action="store_true",
@@ -40,10 +54,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def battery_for(spec: Any, attacks: str | None) -> str | None:
-    """The battery of a threat model without its own ``attacks=``: ``attacks`` (the command's ``--attacks``; None:
-    the run's default) for ℓ∞ and ℓ2, :data:`L1_BATTERY` for ℓ1, :data:`LOWFREQ_BATTERY` for lowfreq."""
-    if spec.kind == "lowfreq":
-        return LOWFREQ_BATTERY
+    """The battery of a threat model without its own ``attacks=``: the one its kind registered (lowfreq: the
+    ``lowfreq`` preset), else ``attacks`` (the command's ``--attacks``; None: the run's default) for ℓ∞ and ℓ2 and
+    :data:`L1_BATTERY` for ℓ1."""
+    from harness.api.threatspec import threat_kind
+
+    registered = threat_kind(spec.kind).battery
+    if registered is not None:
+        return registered
     return L1_BATTERY if spec.norm == "L1" else attacks
 
 
@@ -65,9 +83,9 @@ def configs(args: argparse.Namespace) -> list[tuple[Any, Any]]:
     base = merge(base, config_overrides(args))
     out = []
     for spec, extra in parsed:
-        cfg = merge(base, {k: v for k, v in spec.fields().items() if v is not None})
-        cfg.band, cfg.run_id, cfg.battery = spec.band, None, []  # each threat model resolves its own battery
-        cfg.attacks = extra.get("attacks") or battery_for(spec, base.attacks)
+        cfg = dataclasses.replace(  # each threat model resolves its own battery
+            merge(base, spec.fields()), threat_params=spec.param_values(), run_id=None, battery=[],
+            attacks=extra.get("attacks") or battery_for(spec, base.attacks))
         check_destination(cfg)
         out.append((spec, cfg))
     return out

@@ -7,7 +7,7 @@ from enum import Enum
 from typing import Any
 
 # command-line flags whose name is not --<key with dashes>
-FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "escalate": "--no-escalate",
+FLAGS = {"defense_opts": "--defense-opt", "attack_opts": "--attack-opt", "threat_params": "--threat-param", "escalate": "--no-escalate",
          "skip_dead_gradients": "--no-skip-dead-gradients", "probe_gradients": "--no-gradient-probe"}
 
 

@@ -40,7 +40,7 @@ NON_RESULT_FIELDS = ("device", "verify_device", "threads", "batch_size", "quiet"
 LATER_FIELDS: dict[str, Any] = {"indices": None, "sample_seed": None, "until": None, "against": None, "skip_dead_gradients": True, "channels_last": False,
                                 "compile": False, "module_mode": None, "probe_gradients": True, "about": None,
                                 "threat": "lp", "corruptions": None, "severities": None,
-                                "band": None, "decide_by": DEFAULT_DECIDE_BY,
+                                "threat_params": {}, "decide_by": DEFAULT_DECIDE_BY,
                                 "plateau_probe": None, "plateau_tolerance": None, "subset": None, "resize": None, "crop": None,
                                 "interpolation": None}
 
@@ -90,9 +90,9 @@ class RunConfig:
     # the threat model, a registered kind (harness.api.threatspec.register_threat): "lp" (the norm ball of radius
     # eps), "lowfreq" (a low-frequency band of perturbations), "corruptions" (fixed common corruptions, no optimization)
     threat: str = "lp"
-    # --threat lowfreq: the DCT band, frequencies max(u, v) < band of each channel (None: not given, 8 under lowfreq;
-    # harness.api.threatspec)
-    band: int | None = None
+    # the parameters the threat model's kind declares (harness.api.threatspec.ThreatParam; lowfreq: band), checked
+    # by the kind and completed with its defaults when the run is prepared (empty: the defaults)
+    threat_params: dict[str, Any] = field(default_factory=dict)
     # --threat corruptions: which corruptions and severities (None: not given; all 15 and 1-5, harness.sources.corruptions)
     corruptions: list[str] | None = None
     severities: list[int] | None = None
@@ -162,7 +162,11 @@ class RunConfig:
         return parse_dataset(self.dataset).stem()
 
     def fingerprint(self) -> str:
-        values = {k: v for k, v in self.result_dict().items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+        """The run id's hash of :meth:`result_dict`. A threat kind's parameters enter it under their own names, as
+        the low-frequency ``band`` did when it was a field, so a run made then keeps its id."""
+        values = self.result_dict()
+        values.update(values.pop("threat_params"))
+        values = {k: v for k, v in values.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         blob = json.dumps(values, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
@@ -177,7 +181,6 @@ RULES: dict[str, Rule] = {
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),
     "norm": Rule(choices=NORMS),
-    "band": Rule(low=1),
     "grad": Rule(choices=GRAD_MODES),
     "subset": Rule(choices=tuple(SUBSETS)),
     "resize": Rule(low=1), "crop": Rule(low=1),
@@ -325,6 +328,9 @@ def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunC
     Accepts the ``[defense]`` table form too: ``defense = {name = "bit-depth", bits = 3}``.
     """
     data = dict(data)
+    if "band" in data and "threat_params" not in data:  # a config from when the low-frequency band was a field
+        band = data.pop("band")
+        data["threat_params"] = {} if band is None else {"band": band}
     if isinstance(data.get("defense"), dict):
         table = dict(data.pop("defense"))
         if "name" not in table:

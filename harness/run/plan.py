@@ -19,9 +19,8 @@ from torch import Tensor
 from harness.api._seeding import derive_seed
 from harness.api.attack import Attack
 from harness.api.defense import Defense
-from harness.api.threat import Threat
-from harness.api.threatbuild import build_threat
-from harness.api.threatspec import ThreatSpec, perturbation_kinds
+from harness.api.threat import Threat, build_threat
+from harness.api.threatspec import ThreatSpec
 from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import GradientProbe, Resolved, check_threat_kind, resolve
 from harness.config.run_config import RunConfig
@@ -50,7 +49,7 @@ class RunContext:
         """The context of a run whose ``config`` is resolved (``harness.run.runner.prepare``); a ``stateful``
         defense is queried on a fresh instance per pass (from ``verifier``)."""
         spec = ThreatSpec.from_config(config)
-        threat = build_threat(spec, defense.bounds) if spec.kind in perturbation_kinds() else None
+        threat = build_threat(spec, defense.bounds) if spec.perturbations else None
         fresh = verifier.instances()[1] if verifier is not None and stateful else None
         return cls(config, defense, device, threat, probe, verifier, fresh)
 
@@ -88,7 +87,8 @@ class RunContext:
         """Stage number ``stage`` running ``spec``: its attack built once, its settings resolved once."""
         attack = spec.build(self.config.eps, self.config.norm)
         threat = enforced_threat(spec, attack, self.defense, self.threat)
-        return StagePlan(stage, spec, attack, self.resolve(spec, attack), threat)
+        params = ThreatSpec.from_config(self.config).params_text() if threat is self.threat else ""
+        return StagePlan(stage, spec, attack, self.resolve(spec, attack), threat, params)
 
     def plans(self, specs: list[AttackSpec], first_stage: int) -> list[StagePlan]:
         return [self.plan(first_stage + k, spec) for k, spec in enumerate(specs)]
@@ -97,13 +97,15 @@ class RunContext:
 @dataclass(frozen=True)
 class StagePlan:
     """One battery or escalation entry of a run: its stage number, spec, the attack built from it, its resolved
-    gradient mode and EOT, and the threat model its answers are held to."""
+    gradient mode and EOT, and the threat model its answers are held to with the parameters of its kind
+    (:meth:`harness.api.threatspec.ThreatSpec.params_text`; ``""`` for a set the attack's own options describe)."""
 
     stage: int
     spec: AttackSpec
     attack: Attack
     resolved: Resolved
     threat: Threat
+    threat_params: str = ""
     rungs: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -65,8 +65,10 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
     name them as that user wrote them."""
     # the config schema again: fields may have been set after construction
     check_values(vars(cfg), source=None, front=front)
-    band = ThreatSpec.from_config(cfg).band  # a threat model that does not fit (lowfreq under Linf) fails here
-    cfg = dataclasses.replace(cfg, band=band, **preprocessing(cfg))  # the user's config itself stays as written
+    # a threat model that does not fit (lowfreq under Linf, a parameter its kind does not declare) fails here; its
+    # kind's parameters are filled in (the user's config itself stays as written)
+    threat_params = ThreatSpec.from_config(cfg).param_values()
+    cfg = dataclasses.replace(cfg, threat_params=threat_params, **preprocessing(cfg))
     if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
         torch.set_num_threads(cfg.threads)
     if defense is None:

@@ -70,14 +70,14 @@ class StageOutcome:
 
 def _budget_columns(plan: StagePlan | None) -> dict[str, Any]:
     """The record columns of what a stage's attack spent and ran with: its ε and norm and the threat model the
-    harness enforced (kind and band), its declared :class:`harness.api.attack.AttackBudget`, and the resolved
+    harness enforced (kind and parameters), its declared :class:`harness.api.attack.AttackBudget`, and the resolved
     gradient mode and EOT with their sources (the clean stage, ``plan=None``, gets empty values)."""
     if plan is None:
-        return {"eps": 0.0, "norm": "", "threat": "", "band": 0, **AttackBudget(restarts=0).columns(), "eot": 0,
+        return {"eps": 0.0, "norm": "", "threat": "", "threat_params": "", **AttackBudget(restarts=0).columns(), "eot": 0,
                 "eot_source": "", "grad_mode": "", "grad_source": ""}
     attack, threat = plan.attack, plan.threat
     return {"eps": float(attack.eps), "norm": str(attack.norm), "threat": threat.kind,
-            "band": int(getattr(threat, "band", 0)), **attack.budget().columns(), **plan.resolved.columns()}
+            "threat_params": plan.threat_params, **attack.budget().columns(), **plan.resolved.columns()}
 
 
 def run_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_before: Tensor,

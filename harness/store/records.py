@@ -47,8 +47,9 @@ _PASSES = ("passes through the defense's networks counted by hooks, in images, f
            "([costs](presets.md#costs))")
 _THREAT = ("the threat model: the attack's ε and norm, and the kind the harness enforced (`lp`: the norm ball; `lowfreq`: "
            "the ℓ2 ball in the DCT band `max(u, v) < band`; `corruptions`: a corruption stage; [threat "
-           "models](threat-models.md)) with its band (0 unless `lowfreq`); 0 and empty at stage 0; records written "
-           "before `threat` existed read as `lp`")
+           "models](threat-models.md)) with the parameters its kind declares, as `name=value` separated by commas "
+           "(`band=8` under `lowfreq`, empty under `lp`); 0 and empty at stage 0; records written before `threat` "
+           "existed read as `lp`, those with the older integer `band` column as its `band=K` (empty for 0)")
 _BUDGET = ("the attack's declared budget (`harness.api.attack.AttackBudget`): iterations per restart (per target "
            "class for targeted attacks), restarts, initial step size and its schedule, the loss it maximizes, "
            "score/label queries, certification noise samples (0 or empty where not applicable)")
@@ -108,7 +109,7 @@ RECORD_COLUMNS: tuple[Column, ...] = (
     Column("eps", _F64, _B, _THREAT),
     Column("norm", _STR, _B, _THREAT),
     Column("threat", _STR, _B, _THREAT),
-    Column("band", _I64, _B, _THREAT),
+    Column("threat_params", _STR, _B, _THREAT),
     Column("iterations", _I64, _B, _BUDGET),
     Column("restarts", _I64, _B, _BUDGET),
     Column("eot", _I64, _B, _EOT),

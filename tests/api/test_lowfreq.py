@@ -1,4 +1,4 @@
-"""The low-frequency threat model (``harness.api.lowfreq``): perturbations in the DCT band max(u, v) < band of each
+"""The low-frequency threat model (``harness.threats.lowfreq``): perturbations in the DCT band max(u, v) < band of each
 channel, of l2 norm at most eps, within [0, 1]. Membership is checked here independently with scipy's DCT; the
 harness enforces the set on every answer, attacks optimize in it, and reports and compare refuse mixing it with
 l_p runs. ``harness threats`` gives one table over several threat models."""
@@ -18,7 +18,6 @@ import harness.run.runner as runner
 from conftest import TESTS, TinyCNN, run_single_stage, synthetic_images
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.defense import Defense
-from harness.api.lowfreq import LowFrequency, dct_matrix
 from harness.api.threatspec import ThreatSpec
 from harness.battery.attack_spec import AttackSpec
 from harness.cli import main
@@ -28,6 +27,7 @@ from harness.diagnostics import escalation
 from harness.diagnostics.evidence import Setting
 from harness.errors import UsageError
 from harness.store.rundir import load_records
+from harness.threats.lowfreq import LowFrequency, dct_matrix
 
 EPS, BAND = 1.0, 8
 
@@ -159,7 +159,7 @@ def test_every_lowfreq_adversarial_of_a_run_lies_in_its_set(tiny_data_root, tmp_
     run_dir = runner.run(cfg, defense=Defense(TinyCNN().eval(), None, num_classes=10, name="tiny"))
     df = load_records(run_dir)
     att = df[df.stage > 0]
-    assert set(att.threat) == {"lowfreq"} and set(att.band) == {BAND} and not att.projected.any()
+    assert set(att.threat) == {"lowfreq"} and set(att.threat_params) == {f"band={BAND}"} and not att.projected.any()
     saved = torch.load(next((run_dir / "adversarials").glob("*.pt")), weights_only=True)
     x = torch.from_numpy(np.load(tiny_data_root / "cifar10_test.npz")["x"][saved["index"].numpy()]).permute(
         0, 3, 1, 2).float() / 255
@@ -221,10 +221,13 @@ def test_l_p_attacks_and_mismatched_options_are_refused_in_one_line(tiny_data_ro
     net = Defense(TinyCNN().eval(), None, num_classes=10, name="tiny")
     with pytest.raises(UsageError, match=r"attack 'apgd-t' \(apgd-t\) optimizes in lp threat models, not lowfreq"):
         runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, attacks="apgd-t"), net)
-    with pytest.raises(UsageError, match="threat lowfreq bounds the l2 norm.*--norm L2.*got Linf"):
+    with pytest.raises(UsageError, match=r"threat model lowfreq measures its size in L2 \(--norm L2\), got Linf"):
         runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, norm="Linf", attacks="pgd"), net)
-    with pytest.raises(UsageError, match="band 4 applies to threat lowfreq only"):
-        runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, threat="lp", band=4, attacks="pgd"), net)
+    with pytest.raises(UsageError, match=r"threat model lp has no parameter 'band'; accepted: none \(lowfreq declares "
+                                         r"it: --threat lowfreq\)"):
+        runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, threat="lp", threat_params={"band": 4}, attacks="pgd"), net)
+    with pytest.raises(UsageError, match="threat model lowfreq: band must be an integer >= 1, got 0"):
+        runner.prepare(_tiny_cfg(tiny_data_root, tmp_path, threat_params={"band": 0}, attacks="pgd"), net)
     with pytest.raises(UsageError, match="band 40 exceeds the image side 32"):
         LowFrequency(EPS, 40).contains(images(1), images(1))
 
@@ -255,8 +258,8 @@ def test_reports_and_compare_refuse_lp_with_lowfreq_runs(tmp_path, capsys) -> No
     from harness.reports.compare import compare_runs
 
     lp = _synthetic(tmp_path, "lp", eps=1.0, norm="L2")
-    low = _synthetic(tmp_path, "low", eps=1.0, norm="L2", threat="lowfreq", band=8)
-    low4 = _synthetic(tmp_path, "low4", eps=1.0, norm="L2", threat="lowfreq", band=4)
+    low = _synthetic(tmp_path, "low", eps=1.0, norm="L2", threat="lowfreq", threat_params={"band": 8})
+    low4 = _synthetic(tmp_path, "low4", eps=1.0, norm="L2", threat="lowfreq", threat_params={"band": 4})
     with pytest.raises(UsageError, match=r"different threat models cannot share one table \(lp: L2 ε=1, low: lowfreq "
                                          r"L2 ε=1 band=8\); accepted: runs of one threat model"):
         render([lp, low])
@@ -269,7 +272,7 @@ def test_reports_and_compare_refuse_lp_with_lowfreq_runs(tmp_path, capsys) -> No
         compare_runs(lp, low, allow_mismatch=True)  # not even with --allow-mismatch
     assert main(["compare", str(lp), str(low)]) == 2 and "\n" not in capsys.readouterr().err.strip()
     assert main(["compare", str(low), str(low4)]) == 3  # same kind, another band: a budget mismatch
-    assert "attack: band = 8 in low but 4 in low4" in capsys.readouterr().err
+    assert "attack: threat_params = band=8 in low but band=4 in low4" in capsys.readouterr().err
     assert ("Threat model: low-frequency band (DCT frequencies max(u, v) < 8 per channel), ℓ2 ε = 1."
             in render([low]))  # a lowfreq table says what it measured
 
@@ -280,9 +283,27 @@ def test_records_written_before_the_threat_columns_read_as_lp(tmp_path) -> None:
     run = _synthetic(tmp_path, "old")
     for path in (run / "records").glob("*.parquet"):
         table = pq.read_table(path)
-        pq.write_table(table.drop_columns(["threat", "band"]), path)
+        pq.write_table(table.drop_columns(["threat", "threat_params"]), path)
     df = load_records(run)
-    assert set(df[df.stage > 0].threat) == {"lp"} and set(df[df.stage == 0].threat) == {""} and (df.band == 0).all()
+    assert set(df[df.stage > 0].threat) == {"lp"} and set(df[df.stage == 0].threat) == {""}
+    assert (df.threat_params == "").all()
+
+
+def test_records_with_the_integer_band_column_read_as_threat_parameters(tmp_path) -> None:
+    """A low-frequency run recorded its band as an integer column (0 elsewhere); it reads as ``band=K`` text, and a
+    frame holding shards of both ages keeps each shard's own."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = _synthetic(tmp_path, "old", eps=1.0, norm="L2", threat="lowfreq", threat_params={"band": 4}, shards=2)
+    first = sorted((run / "records").glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    band = pa.array([4 if p else 0 for p in table.column("threat_params").to_pylist()], pa.int64())
+    pq.write_table(table.drop_columns(["threat_params"]).append_column("band", band), first)
+    df = load_records(run)
+    assert "band" not in df.columns
+    assert set(df[df.stage > 0].threat_params) == {"band=4"} and set(df[df.stage == 0].threat_params) == {""}
+    assert len(df[df.shard == 0]) and len(df[df.shard == 1])
 
 
 # -- one command for unseen threats ------------------------------------------------------------------------------------
@@ -304,7 +325,7 @@ def test_threats_command_gives_one_table_over_threat_models(tiny_data_root, tmp_
     assert {json.loads((r / "format.json").read_text())["kind"] for r in runs} == {"attack"}
     assert main(args + ["--format", "json"]) == 0  # a second call resumes the three finished runs
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["kind"], r["band"]) for r in rows] == [("lp", None), ("lp", None), ("lowfreq", 4)]
+    assert [(r["kind"], r["threat_params"]) for r in rows] == [("lp", {}), ("lp", {}), ("lowfreq", {"band": 4})]
     assert len(sorted((tmp_path / "runs").iterdir())) == 3
 
 
@@ -318,9 +339,10 @@ def test_the_lowfreq_preset_holds_attacks_made_for_the_band() -> None:
 
 def test_threat_specs_parse_and_refuse_in_one_line() -> None:
     assert ThreatSpec.parse("Linf:8/255")[0] == ThreatSpec("lp", "Linf", 8 / 255)
-    assert ThreatSpec.parse("lowfreq:1")[0] == ThreatSpec("lowfreq", "L2", 1.0, 8)
+    assert ThreatSpec.parse("lowfreq:1")[0] == ThreatSpec("lowfreq", "L2", 1.0, {"band": 8})
     assert ThreatSpec.parse("L1:12:attacks=apgd-l1", ("attacks",)) == (ThreatSpec("lp", "L1", 12.0), {"attacks": "apgd-l1"})
     for text, match in (("L3:1", "expected \\[KIND:\\]NORM:EPS"), ("Linf:x", "eps expected a number"),
-                        ("L2:1:band=4", "unknown part 'band=4'"), ("lowfreq:Linf:1", "norm is L2")):
+                        ("L2:1:band=4", "unknown part 'band=4'"), ("lowfreq:Linf:1", "measures its size in L2"),
+                        ("lowfreq:L2:1:band=x", "band must be an integer >= 1, got the string 'x'")):
         with pytest.raises(UsageError, match=match):
             ThreatSpec.parse(text)

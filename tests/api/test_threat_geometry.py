@@ -19,15 +19,15 @@ from conftest import TinyCNN
 from harness.api import register_threat
 from harness.api.attack import create_attack
 from harness.api.defense import Defense
-from harness.api.lowfreq import LowFrequency
+from harness.api.schema import Rule
 from harness.api.target import Target
-from harness.api.threat import TOLERANCE, Norm, Threat, ThreatModel
-from harness.api.threatbuild import build_threat
-from harness.api.threatspec import ThreatSpec, threat_kinds
+from harness.api.threat import TOLERANCE, Norm, Threat, ThreatModel, build_threat
+from harness.api.threatspec import ThreatParam, ThreatSpec, threat_kinds
 from harness.cli import main
 from harness.config.run_config import RunConfig, check_values
-from harness.errors import ConfigError
+from harness.errors import ConfigError, UsageError
 from harness.store.rundir import load_records
+from harness.threats.lowfreq import LowFrequency
 
 
 def images(n: int, seed: int = 0) -> Tensor:
@@ -102,7 +102,7 @@ def test_the_band_proposal_changes_a_window_of_coefficients_and_stays_in_the_set
 # -- the plain attacks search the run's threat model -----------------------------------------------------------------
 def _cfg(root, out, **kw) -> RunConfig:
     base = dict(defense="tiny", data_root=str(root), out=str(out), n=8, seed=0, norm="L2", eps=4.0, threat="lowfreq",
-                band=4, shard_size=8, batch_size=8, eval_repeats=1, device="cpu", quiet=True, escalate=False,
+                threat_params={"band": 4}, shard_size=8, batch_size=8, eval_repeats=1, device="cpu", quiet=True, escalate=False,
                 save_adversarials=True)
     return RunConfig(**{**base, **kw})
 
@@ -118,7 +118,7 @@ def test_plain_pgd_under_lowfreq_answers_inside_the_band_without_the_harness_pro
     cfg = _cfg(tiny_data_root, tmp_path, attacks="pgd", attack_opts={"pgd.steps": 5})
     run_dir = runner.run(cfg, defense=Defense(TinyCNN().eval(), None, num_classes=10, name="tiny"))
     att = load_records(run_dir).query("stage == 1")
-    assert set(att.attack) == {"pgd"} and set(att.threat) == {"lowfreq"} and set(att.band) == {4}
+    assert set(att.attack) == {"pgd"} and set(att.threat) == {"lowfreq"} and set(att.threat_params) == {"band=4"}
     assert att.attempted.all() and not att.projected.any()
     x, answers = _saved(run_dir, tiny_data_root)
     threat = LowFrequency(4.0, 4)
@@ -158,23 +158,23 @@ def test_the_attacks_spend_their_budget_in_the_band(name, options, passes) -> No
     assert not cols["projected"].any() and torch.equal(outcome.x_adv, x)
 
 
-# -- a new kind of threat model is one file --------------------------------------------------------------------------
+# -- a new kind of threat model, with a parameter of its own, is one file -------------------------------------------
 MASKED = "test-masked-linf"
-SIDE = 16  # the perturbation may touch the top-left SIDE x SIDE pixels of each channel
 
 
 @dataclass(frozen=True)
 class MaskedBox(Threat):
-    """The ℓ∞ ball of radius ``eps`` restricted to the top-left ``SIDE × SIDE`` pixels, within ``bounds``."""
+    """The ℓ∞ ball of radius ``eps`` restricted to the top-left ``side × side`` pixels, within ``bounds``."""
     kind: ClassVar[str] = MASKED
     eps: float
+    side: int = 16
     bounds: tuple[float, float] = (0.0, 1.0)
     tolerance: float = TOLERANCE
     norm: Norm = "Linf"
 
     def mask(self, x: Tensor) -> Tensor:
         m = torch.zeros_like(x)
-        m[..., :SIDE, :SIDE] = 1
+        m[..., :self.side, :self.side] = 1
         return m
 
     def violation(self, x: Tensor, x_adv: Tensor) -> Tensor:
@@ -194,7 +194,7 @@ class MaskedBox(Threat):
         return (x + delta).clamp(*self.bounds).detach()
 
     def describe(self) -> str:
-        return f"Linf ball of radius {self.eps:g} on the top-left {SIDE} x {SIDE} pixels within bounds {self.bounds}"
+        return f"Linf ball of radius {self.eps:g} on the top-left {self.side} x {self.side} pixels within {self.bounds}"
 
     def random_start(self, x: Tensor, gen: torch.Generator) -> Tensor:
         noise = torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1
@@ -205,31 +205,49 @@ class MaskedBox(Threat):
 
 
 if MASKED not in threat_kinds():
-    register_threat(MASKED, lambda spec, bounds: MaskedBox(spec.eps, bounds))
+    register_threat(MASKED, lambda spec, bounds: MaskedBox(spec.eps, int(spec.param("side")), bounds), norms=("Linf",),
+                    params=(ThreatParam("side", int, 16, Rule(low=1), "the side of the top-left square perturbed"),),
+                    prose="{norm} ball on the top-left {side} x {side} pixels, ε = {eps}")
 
 
 def test_a_threat_model_registered_outside_the_harness_runs_with_the_plain_pgd(tiny_data_root, tmp_path) -> None:
-    assert isinstance(build_threat(ThreatSpec(MASKED, "Linf", 0.1)), MaskedBox)
+    """The kind, its parameter and its report text come from the registration above; a run under it records the
+    parameter, and the plain PGD moves only the pixels the parameter allows."""
+    assert build_threat(ThreatSpec(MASKED, "Linf", 0.1)) == MaskedBox(0.1, 16)  # the declared default
+    side = 8
     result = harness.evaluate(Defense(TinyCNN().eval(), None, num_classes=10, name="tiny"), "pgd", threat=MASKED,
-                              eps=16 / 255, n=8, data_root=str(tiny_data_root), out=str(tmp_path), shard_size=8,
-                              batch_size=8, eval_repeats=1, device="cpu", quiet=True, escalate=False,
-                              save_adversarials=True, attack_opts={"pgd.steps": 5})
+                              threat_params={"side": side}, eps=16 / 255, n=8, data_root=str(tiny_data_root),
+                              out=str(tmp_path), shard_size=8, batch_size=8, eval_repeats=1, device="cpu", quiet=True,
+                              escalate=False, save_adversarials=True, attack_opts={"pgd.steps": 5})
     att = load_records(result.run_dir).query("stage == 1")
-    assert set(att.threat) == {MASKED} and att.attempted.all() and not att.projected.any()
+    assert set(att.threat) == {MASKED} and set(att.threat_params) == {f"side={side}"}
+    assert att.attempted.all() and not att.projected.any()
     x, answers = _saved(result.run_dir, tiny_data_root)
     delta = answers["pgd"] - x
     outside = delta.clone()
-    outside[..., :SIDE, :SIDE] = 0
-    assert outside.abs().max() == 0 and delta.abs().max() <= 16 / 255 + 1e-6  # only the masked pixels moved
+    outside[..., :side, :side] = 0
+    assert outside.abs().max() == 0 and delta.abs().max() <= 16 / 255 + 1e-6  # only the allowed pixels moved
     assert (delta.flatten(1).abs().amax(1) > 8 / 255).all()  # and pgd moved them
+    assert "Threat model: ℓ∞ ball on the top-left 8 x 8 pixels, ε = 16/255." in result.table()
+
+
+def test_a_plugin_kinds_parameters_are_checked_and_listed(capsys) -> None:
+    with pytest.raises(UsageError, match=f"threat model {MASKED}: side must be an integer >= 1, got 0"):
+        ThreatSpec(MASKED, "Linf", 0.1, {"side": 0})
+    with pytest.raises(UsageError, match=f"threat model {MASKED} has no parameter 'band'; accepted: side"):
+        ThreatSpec.parse(f"{MASKED}:Linf:0.1:side=4")[0].param("band")
+    assert ThreatSpec.parse(f"{MASKED}:0.1:side=4")[0] == ThreatSpec(MASKED, "Linf", 0.1, {"side": 4})
+    assert main(["threats", "--help"]) == 0
+    assert f"{MASKED} (Linf): side=INT: the side of the top-left square perturbed [default: 16]" in \
+        " ".join(capsys.readouterr().out.split())
 
 
 def test_the_registered_kinds_are_the_configs_accepted_values(capsys) -> None:
     check_values({"threat": MASKED}, source=None)
-    with pytest.raises(ConfigError, match="threat must be one of lp, lowfreq, corruptions, test-masked-linf"):
+    with pytest.raises(ConfigError, match="threat must be one of lp, lowfreq, test-masked-linf, corruptions"):
         check_values({"threat": "lowfrequency"}, source=None)
     with pytest.raises(ValueError, match="already registered"):
         register_threat("lowfreq", lambda spec, bounds: MaskedBox(spec.eps, bounds))
     assert main(["run", "--defense", "tiny", "--threat", "bogus"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "--threat must be one of lp, lowfreq, corruptions" in err
+    assert "\n" not in err and f"--threat must be one of lp, lowfreq, {MASKED}, corruptions, got the string 'bogus'" in err

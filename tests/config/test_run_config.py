@@ -1,6 +1,8 @@
 """Run config (TOML round trip, merging, validation) and battery resolution (presets, files, names, options)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.api._seeding import derive_seed
@@ -125,3 +127,21 @@ def test_the_run_mode_is_decided_in_one_place_from_a_config_or_a_stored_one():
     assert run_mode(RunConfig(defense="none", threat="lowfreq")) is RunMode.ATTACK
     assert run_mode({"threat": "corruptions"}) is RunMode.CORRUPTIONS
     assert run_mode({}) is RunMode.ATTACK  # a stored config from before the threat model was a choice
+
+
+def test_the_shipped_runs_keep_their_ids() -> None:
+    """A run id ends with the hash of the config that made it; every shipped attack run named so still hashes to its
+    name, the low-frequency runs stored with the old ``band`` field among them (a kind's parameters are hashed
+    under their own names)."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "results"
+    named = [p for p in results.rglob("config.toml") if re.fullmatch(r".+-[0-9a-f]{10}", p.parent.name)
+             and "defense" in p.read_text()]
+    lowfreq = [p for p in named if 'threat = "lowfreq"' in p.read_text()]
+    assert len(named) >= 20 and len(lowfreq) >= 3
+    assert all("band = " in p.read_text() for p in lowfreq)  # stored before the parameters had their own table
+    for path in named:
+        cfg = read_config(path)
+        assert cfg.fingerprint() == path.parent.name[-10:], path
+    assert {read_config(p).threat_params.get("band") for p in lowfreq} == {8}

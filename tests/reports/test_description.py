@@ -67,7 +67,7 @@ def test_csv_has_the_setting_as_columns(capsys, tmp_path):
 def test_json_has_the_setting_as_fields(capsys, tmp_path):
     obj = json.loads(_report(capsys, DETERMINISTIC, "json", tmp_path))
     assert obj["threat_model"] == {"kind": "lp", "norm": "Linf", "eps": pytest.approx(8 / 255), "eps_text": "8/255",
-                                   "band": None, "corruptions": None, "severities": None}
+                                   "threat_params": {}, "corruptions": None, "severities": None}
     assert (obj["battery"], obj["attacks"], obj["R"], obj["stochastic"], obj["dataset"], obj["n"]) == (
         "standard", ["apgd-ce", "apgd-t", "fab-t", "square"], 1, False, "cifar10", 128)
     assert obj["selection"] == "drawn at random with seed 0" and obj["description"].startswith(PROSE[0])

@@ -38,7 +38,7 @@ def test_records_of_an_older_version_get_the_current_columns() -> None:
                         "correct_frac": [1.0, 0.0, 1.0, 0.0]})
     new = upgrade(old.copy())
     assert list(new.columns[:len([c for c in COLUMNS if c in new.columns])]) == [c for c in COLUMNS if c in new.columns]
-    assert new.threat.tolist() == ["", "lp", "", "lp"] and (new.band == 0).all() and (new.skipped == "").all()
+    assert new.threat.tolist() == ["", "lp", "", "lp"] and (new.threat_params == "").all() and (new.skipped == "").all()
     assert (new.eot_rule == "").all() and (new.plateau == "").all() and new.plateau_preds.tolist() == [[]] * 4
     # the score of a sample a stage did not attempt is null, not a "wrong" that would count as broken
     assert new.loc[3, "correct_all"] is None or pd.isna(new.loc[3, "correct_all"])

@@ -41,7 +41,7 @@ def test_pass_counters_and_declared_budget_are_record_columns() -> None:
     assert set(COUNTS) == set(PASS_COLUMNS)
     budget = set(AttackBudget().columns())
     assert budget <= set(BUDGET_COLUMNS)
-    assert set(BUDGET_COLUMNS) - budget == {"eps", "norm", "threat", "band", "eot", "grad_mode"}  # threat; resolver
+    assert set(BUDGET_COLUMNS) - budget == {"eps", "norm", "threat", "threat_params", "eot", "grad_mode"}  # threat; resolver
 
 
 def test_a_not_attempted_sample_gets_each_columns_declared_value() -> None:

@@ -33,8 +33,10 @@ import torch
 from torch import Tensor
 
 from harness.api.threat import TOLERANCE, Norm, Threat
-from harness.api.threatspec import DEFAULT_BAND, describe_eps
+from harness.api.threatspec import ThreatSpec, describe_eps
 from harness.errors import UsageError
+
+from . import DEFAULT_BAND
 
 PROJECTION_ITERATIONS = 500  # the harness's projection; attacks pass fewer (any point of the set is a valid answer)
 
@@ -293,3 +295,8 @@ def windows(shape: torch.Size, side: int, gen: torch.Generator) -> Tensor:
     signs = torch.randint(0, 2, (n, channels, 1, 1), generator=gen, device=gen.device).float() * 2 - 1
     grids: Tensor = inside[:, None].float() * signs
     return grids
+
+
+def low_frequency(spec: ThreatSpec, bounds: tuple[float, float]) -> Threat:
+    """The set of ``spec``: the ℓ2 ball of radius ``spec.eps`` in the DCT band ``spec.param("band")``."""
+    return LowFrequency(spec.eps, int(spec.param("band")), bounds)
