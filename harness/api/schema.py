@@ -122,7 +122,7 @@ def _fits(value: Any, member: Any, rule: Rule) -> bool:
         return isinstance(value, dict) and all(isinstance(k, str) for k in value)
     if base is list:
         (item,) = typing.get_args(member) or (Any,)
-        return isinstance(value, list) and all(_fits(v, item, NO_RULE) for v in value)
+        return isinstance(value, list) and all(any(_fits(v, m, NO_RULE) for m in _members(item)) for v in value)
     return isinstance(value, base)
 
 

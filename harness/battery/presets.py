@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.api.attack import ATTACKS
-from harness.battery.attack_spec import SCHEDULE_OPTIONS, AttackSpec, attack_opt_target
 from harness.battery.preset_catalog import list_presets, preset_dirs, preset_entries, preset_path
+from harness.config.attack_spec import SCHEDULE_OPTIONS, AttackSpec, attack_opt_target
 from harness.config.run_config import check_values, load_toml, parse_literal
 from harness.errors import ConfigError, MissingInputError, UsageError, did_you_mean
 

@@ -40,7 +40,7 @@ from harness.api.attack import Attack
 from harness.api.defense import Defense
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.target import Target
-from harness.battery.attack_spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
+from harness.config.attack_spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F401  (RESOLVER_OPTIONS: read here)
 from harness.config.precision import Autocast
 from harness.config.run_config import RunConfig
 from harness.errors import UsageError

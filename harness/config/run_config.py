@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Union
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,6 +24,7 @@ import tomli_w
 from harness.api.gradmodes import GRAD_MODES
 from harness.api.schema import NO_RULE, Rule, problem
 from harness.api.threatspec import NORMS, threat_problem
+from harness.config.attack_spec import AttackSpec
 from harness.config.frontend import FrontEnd
 from harness.config.precision import AUTOCAST_MODES, Autocast
 from harness.errors import ConfigError, MissingInputError
@@ -115,7 +116,8 @@ class RunConfig:
     plateau_tolerance: float | None = None
     attacks: str | None = None  # None: not given (prepare() picks rand for stochastic defenses, else standard)
     attack_opts: dict[str, Any] = field(default_factory=dict)
-    battery: list[dict[str, Any]] = field(default_factory=list)
+    # the resolved battery (harness.run.runner.prepare fills it): its entries, parsed from tables where they are given
+    battery: list[AttackSpec] = field(default_factory=list)
     escalate: bool = True
     # skip later battery stages whose gradient mode a diagnostic found dead (harness.diagnostics.after_stage.dead_gradient)
     skip_dead_gradients: bool = True
@@ -123,7 +125,7 @@ class RunConfig:
     probe_gradients: bool = True
     # modules handed over in training mode: None (refuse when that changes outputs), "eval" or "train"
     module_mode: str | None = None
-    escalations: list[dict[str, Any]] = field(default_factory=list)
+    escalations: list[AttackSpec] = field(default_factory=list)  # the stages diagnostics added after the battery
     shard_size: int = 256
     batch_size: int = 256
     device: str = "auto"
@@ -146,9 +148,16 @@ class RunConfig:
         check_values(vars(self), source="RunConfig")
         if self.indices is not None:  # a set of images: one order, so one run id
             self.indices = sorted(self.indices)
+        self.battery = entries(self.battery, "battery")  # new lists: the caller's stay as they were
+        self.escalations = entries(self.escalations, "escalations")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as plain values (a ``config.toml``'s tables; the attack entries as
+        :meth:`AttackSpec.to_dict` writes them)."""
+        out = dataclasses.asdict(self)
+        for name in ENTRY_FIELDS:
+            out[name] = [spec.to_dict() for spec in getattr(self, name)]
+        return out
 
     def result_dict(self) -> dict[str, Any]:
         """The fields that determine results (the run-id hash input). ``decide_by`` not set is ``mean``: what a run
@@ -172,6 +181,13 @@ class RunConfig:
 
 
 FIELD_NAMES = {f.name for f in dataclasses.fields(RunConfig)}
+ENTRY_FIELDS = ("battery", "escalations")  # lists of attack entries: AttackSpecs, or the tables that spell them
+
+
+def entries(values: list[AttackSpec] | list[dict[str, Any]], where: str) -> list[AttackSpec]:
+    """Attack entries as :class:`AttackSpec`s, a table parsed (and checked) by :meth:`AttackSpec.from_dict`, which
+    names ``where`` it came from."""
+    return [v if isinstance(v, AttackSpec) else AttackSpec.from_dict(v, source=where) for v in values]
 
 # The schema: each field's type is its RunConfig annotation; ranges and accepted strings are declared here.
 RULES: dict[str, Rule] = {
@@ -204,7 +220,8 @@ def rules() -> dict[str, Rule]:
 
 
 def _schema() -> dict[str, tuple[Any, Rule, Any]]:
-    hints = typing.get_type_hints(RunConfig)
+    hints = {**typing.get_type_hints(RunConfig),  # attack entries may be given as tables, parsed by AttackSpec
+             **{name: list[Union[AttackSpec, dict[str, Any]]] for name in ENTRY_FIELDS}}
     rule = rules()
     return {f.name: (hints[f.name], rule.get(f.name, NO_RULE), f.default) for f in dataclasses.fields(RunConfig)}
 
@@ -341,6 +358,9 @@ def config_from_mapping(data: dict[str, Any], *, source: str = "config") -> RunC
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(sorted(FIELD_NAMES))}")
     check_values(data, source=source)
+    for name in ENTRY_FIELDS:
+        if name in data:
+            data[name] = entries(data[name], f"{source}: {name}")
     return RunConfig(**data)
 
 

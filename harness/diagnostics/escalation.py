@@ -36,8 +36,8 @@ from typing import Any, Callable, Iterable
 from harness.api.attack import ATTACKS, Capabilities, declared_capabilities
 from harness.api.factory_options import options_of
 from harness.api.flags import GRADIENT_FLAGS, FlagCode, all_codes
-from harness.battery.attack_spec import AttackSpec
 from harness.battery.presets import ESCALATION_PREFIX
+from harness.config.attack_spec import AttackSpec
 from harness.diagnostics.check_table import could_fire
 from harness.diagnostics.evidence import Flag, Setting
 

@@ -16,7 +16,7 @@ from harness.api.defense import Defense
 from harness.api.flags import FlagCode
 from harness.api.target import Target
 from harness.api.threat import Threat
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 
 CHECKED_FAILURES = 8  # samples used by the checks that spend extra passes
 

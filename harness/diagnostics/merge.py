@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Collection, Iterator, Mapping, Sequence
 
 from harness.api.flags import FlagCode
-from harness.battery.attack_spec import SCHEDULE_OPTIONS, AttackSpec, options_for
+from harness.config.attack_spec import SCHEDULE_OPTIONS, AttackSpec, options_for
 from harness.store.rundir import RunStore
 
 
@@ -89,14 +89,14 @@ def in_rungs_of(escalation: AttackSpec, flagged: AttackSpec | None) -> AttackSpe
     return out
 
 
-def run_flags(store: RunStore, n_shards: int, escalations: list[dict[str, Any]],
+def run_flags(store: RunStore, n_shards: int, escalations: Sequence[AttackSpec],
               preflight: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Run-level flags: the first-batch findings and, per (code, attack), the shard flags merged, with
     ``escalated`` set when acted upon."""
     # a request is acted upon by the escalation of its variant, or of its name when the user's --attack-opt
     # esc-NAME.KEY changed the escalation's options after it was requested
-    added = {_variant(e): e["name"] for e in escalations}
-    names = {e["name"] for e in escalations}
+    added = {_variant(e.to_dict()): e.name for e in escalations}
+    names = {e.name for e in escalations}
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for flag in _all_flags(store, n_shards, preflight):
         s = int(flag.get("shard") or 0)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from harness.api.defense import Defense
-from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import check_battery, describe
 from harness.config.run_config import RunConfig
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess
@@ -79,7 +78,7 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
         log.warning("preflight: %s: %s", finding["code"], finding["message"])
     placed = _ready(cfg, defense, pristine, device, pf, recipe)
     log.info("verdict from %s", placed.verifier.kind.value)
-    for name, resolved in check_battery([AttackSpec.from_dict(s) for s in cfg.battery], defense, cfg, pf.probe):
+    for name, resolved in check_battery(cfg.battery, defense, cfg, pf.probe):
         log.info("%s", describe(name, resolved))
     return placed
 

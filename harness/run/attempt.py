@@ -23,7 +23,7 @@ from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.target import Target, Witnesses
 from harness.api.threat import Threat, check_data_in_bounds
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.precision import Autocast
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement, Verifier, combine, reanchor

@@ -36,7 +36,7 @@ import dataclasses
 import json
 from typing import Any, Collection, Sequence
 
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.diagnostics.merge import collect_escalations
 from harness.run.plan import RunContext, StagePlan
@@ -86,7 +86,6 @@ def first_batch_stages(cfg: RunConfig, store: RunStore, findings: Sequence[dict[
     config: ``cfg`` is not changed."""
     if not cfg.escalate or not cfg.battery or not findings:
         return cfg
-    base = [AttackSpec.from_dict(b) for b in cfg.battery]
-    asked = collect_escalations(store, 0, base, findings, cfg.attack_opts)  # no shard read: only the findings
-    first = [s.to_dict() for s in asked if s.build(cfg.eps, cfg.norm).capabilities.uses_gradients]
+    asked = collect_escalations(store, 0, cfg.battery, findings, cfg.attack_opts)  # no shard read: the findings only
+    first = [s for s in asked if s.build(cfg.eps, cfg.norm).capabilities.uses_gradients]
     return dataclasses.replace(cfg, battery=[*first, *cfg.battery]) if first else cfg

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from harness.battery.attack_spec import AttackSpec, options_for
+from harness.config.attack_spec import AttackSpec, options_for
 from harness.diagnostics import escalation
 from harness.diagnostics.evidence import has_auxiliary_losses
 from harness.diagnostics.merge import collect_escalations
@@ -210,7 +210,7 @@ def estimate(context: RunContext, data: DataSource, indices: list[int], *, sampl
             side = store.read_side(0)
             left = int(side["attacks"][base[-1].name]["robust_after"]) if base else k  # after the battery
             fired = collect_escalations(store, 1, base, findings, cfg.attack_opts) if cfg.escalate else []
-            ctx.escalate(fired)
+            ctx = ctx.escalated(fired)
             full.update({e.name: cal.full_cost(stage, e) for stage, e in enumerate(fired, start=len(base) + 1)})
             esc_worst = left * sum(c.seconds for e in fired if (c := full[e.name]) is not None)
             run_fired = bool(fired) and (samples is not None or esc_worst <= CALIBRATION_SECONDS)

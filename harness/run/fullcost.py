@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.run._acceleration import as_input
 from harness.run.plan import ShardBatch
 from harness.run.shard_phases import RunShards

@@ -9,8 +9,8 @@ stages and every executor use the same objects.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Callable
 
 import torch
@@ -21,8 +21,8 @@ from harness.api.attack import Attack
 from harness.api.defense import Defense
 from harness.api.threat import Threat, build_threat
 from harness.api.threatspec import ThreatSpec
-from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import GradientProbe, Resolved, check_threat_kind, resolve
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.run.verdict import Verifier
 from harness.stats.criteria import DEFAULT_DECIDE_BY
@@ -53,15 +53,20 @@ class RunContext:
         fresh = verifier.instances()[1] if verifier is not None and stateful else None
         return cls(config, defense, device, threat, probe, verifier, fresh)
 
-    @cached_property
+    @property
     def battery(self) -> list[AttackSpec]:
         """The resolved battery's entries, in order."""
-        return [AttackSpec.from_dict(s) for s in self.config.battery]
+        return list(self.config.battery)
 
-    @cached_property
+    @property
     def escalations(self) -> list[AttackSpec]:
-        """The escalation stages the flags asked for (empty until the battery's phase has run)."""
-        return [AttackSpec.from_dict(s) for s in self.config.escalations]
+        """The escalation stages the flags asked for (empty in the plan of the battery's phase)."""
+        return list(self.config.escalations)
+
+    def escalated(self, specs: list[AttackSpec]) -> RunContext:
+        """The plan of the run's escalation phase: this one with ``specs``, the stages the battery's flags asked for,
+        as its config's escalations (a new context; this one stays the plan of the battery's phase)."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, escalations=list(specs)))
 
     @property
     def repeats(self) -> int:

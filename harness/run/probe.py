@@ -28,7 +28,7 @@ import torch
 
 from harness.api._seeding import SEED_PROBE, derive_seed
 from harness.api.flags import FlagCode, StoredFlag
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, records_frame

@@ -20,10 +20,10 @@ import torch
 
 from harness.api.defense import Defense, create_defense
 from harness.api.threatspec import ThreatSpec
-from harness.battery.attack_spec import AttackSpec
 from harness.battery.preset_catalog import default_preset
 from harness.battery.presets import ESCALATION_PREFIX, battery_settings, resolve_battery
 from harness.battery.resolve import check_battery
+from harness.config.attack_spec import AttackSpec
 from harness.config.frontend import FrontEnd
 from harness.config.run_config import RunConfig, RunMode, check_eps, check_values, config_warnings, run_mode
 from harness.diagnostics.escalation import QUERY_FLAGS
@@ -123,9 +123,9 @@ def _resolve_battery(cfg: RunConfig, defense: Defense) -> RunConfig:
         attacks = default_preset(defense.stochastic)
         log.info("no --attacks given: using the %r battery for this %s defense", attacks,
                  "stochastic" if defense.stochastic else "deterministic")
-    battery = cfg.battery or [s.to_dict() for s in resolve_battery(attacks, cfg.attack_opts)]
+    battery = cfg.battery or resolve_battery(attacks, cfg.attack_opts)
     cfg = _with_battery_settings(dataclasses.replace(cfg, attacks=attacks, battery=battery))
-    specs = [AttackSpec.from_dict(s) for s in battery]
+    specs = cfg.battery
     check_schedule(specs, cfg.eps, cfg.norm, every_attack=cfg.every_attack, sequential=cfg.until is not None)
     check_battery(specs, defense, cfg)
     return cfg
@@ -227,7 +227,7 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
             log.info("slice %s done; %d shards of other slices are not finished yet, so the run is not complete: the "
                      "last slice to finish completes it", "/".join(map(str, shard_slice or ())), left)
             return store.dir
-        _after_battery(ctx, executor, shards, opened.findings)
+        ctx = _after_battery(ctx, executor, shards, opened.findings)
     finally:
         ctx.close()
         executor.close()
@@ -281,7 +281,7 @@ def _open_run(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[
                                         verify_device=str(placed.verifier.device or placed.device)))
     batching.attach(store.record_batch_size)
     log.info("%s run %s: defense %s, %d samples of %s, battery %s", "resuming" if resuming else "starting",
-             store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s["name"] for s in cfg.battery))
+             store.dir, cfg.defense, len(indices), cfg.dataset, ", ".join(s.name for s in cfg.battery))
     return Opened(store, plan, context, list(pf.findings), batching, est, corrupted)
 
 
@@ -300,16 +300,17 @@ def _battery(ctx: RunShards, executor: Executor, shards: list[list[int]], mine: 
 
 
 def _after_battery(ctx: RunShards, executor: Executor, shards: list[list[int]],
-                   findings: list[dict[str, Any]]) -> None:
+                   findings: list[dict[str, Any]]) -> RunShards:
     """Each probed stage's probe over the run and its extension, then phase B: the escalation stages the flags
-    asked for, on every shard's still-robust samples; the escalations are recorded in the stored config."""
+    asked for, on every shard's still-robust samples; the escalations are recorded in the stored config. Returns
+    the state of phase B, whose plan holds them."""
     cfg, every = ctx.context.config, list(range(len(shards)))
     base = ctx.context.battery
     _probed_phases(ctx, executor, shards, base, 1)
     escalations = (collect_escalations(ctx.store, len(shards), base, findings, cfg.attack_opts) if cfg.escalate
                    else [])
     whole = requested_by(ctx.store, len(shards), QUERY_FLAGS, findings)  # black-box attacks as the answer: unprobed
-    ctx.escalate(ordered(ctx.context, escalations, len(base) + 1, whole))
+    ctx = ctx.escalated(ordered(ctx.context, escalations, len(base) + 1, whole))
     with ctx.store.run_lock():
         ctx.store.write_config(ctx.context.config)
     if escalations:
@@ -317,6 +318,7 @@ def _after_battery(ctx: RunShards, executor: Executor, shards: list[list[int]],
         if split_probed(ctx.context.escalations)[0]:
             executor.phase(ctx, shards, every, ESCALATION)
         _probed_phases(ctx, executor, shards, ctx.context.escalations, len(base) + 1)
+    return ctx
 
 
 def _probed_phases(ctx: RunShards, executor: Executor, shards: list[list[int]], specs: list[AttackSpec],
@@ -336,7 +338,7 @@ def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> No
             raise RuntimeError(f"run {str(store.dir)!r}: {shard_text(missing, n_shards)} are missing or incomplete at "
                                "the end of the run (deleted meanwhile?); run the same command again to recompute them")
         cfg = ctx.context.config  # escalations run first (first_batch_stages) are battery entries
-        first = [b for b in cfg.battery if str(b.get("name", "")).startswith(ESCALATION_PREFIX)]
+        first = [b for b in cfg.battery if b.name.startswith(ESCALATION_PREFIX)]
         if ctx.context.verifier is not None:  # what the verdict cost in this process (debug log: per call)
             store.record("verifier", ctx.context.verifier.summary())
         store.finish(run_flags(store, n_shards, [*first, *cfg.escalations], findings))

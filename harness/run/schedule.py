@@ -9,7 +9,7 @@ import numpy as np
 from torch import Tensor
 
 from harness.api.continuation import Continuable
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.errors import UsageError
 from harness.run.stage import StageOutcome
 from harness.store.records import PASS_COLUMNS

@@ -3,12 +3,13 @@ escalations; one shard's stages are computed by :mod:`harness.run.cascade`) and 
 executor runs a shard through :meth:`RunShards.job` (the shard protocol of :mod:`harness.store.shards`)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
 from typing import Any, Callable
 
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.frontend import FrontEnd
 from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
 from harness.run._memory import Batching
@@ -44,10 +45,12 @@ class RunShards:
         self.clock: Callable[[], float] = time.monotonic  # what times a stage and its checks (--estimate sets its own)
         self._plans: dict[tuple[int, str], StagePlan] = {}
 
-    def escalate(self, specs: list[AttackSpec]) -> None:
-        """The escalation stages the flags asked for: the run's context from now on holds them in its config."""
-        config = dataclasses.replace(self.context.config, escalations=[e.to_dict() for e in specs])
-        self.context = dataclasses.replace(self.context, config=config)
+    def escalated(self, specs: list[AttackSpec]) -> RunShards:
+        """The shards' state for the escalation phase: the same store, data, bars and built plans, with the plan
+        :meth:`RunContext.escalated` makes from the stages the flags asked for (this object is left as it was)."""
+        out = copy.copy(self)
+        out.context = self.context.escalated(specs)
+        return out
 
     def plans(self, specs: list[AttackSpec], first_stage: int) -> list[StagePlan]:
         """The stage plans of ``specs`` from stage ``first_stage`` on, each built once per run."""

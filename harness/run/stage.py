@@ -26,7 +26,7 @@ from harness.api.flags import FlagCode, StoredFlag
 from harness.api.passes import PassCount, counting
 from harness.api.target import Target
 from harness.api.threat import Threat, check_data_in_bounds
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verified, verify
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement

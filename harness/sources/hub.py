@@ -103,6 +103,9 @@ def open_hf(name: str, target: str, split: str, pre: Preprocess) -> HubSource:
         loaded = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.load_dataset(target, split=split)
     except (FileNotFoundError, ValueError, ConnectionError) as exc:
         raise MissingInputError(f"--dataset {name}: cannot load {target!r} ({type(exc).__name__}: {exc})") from exc
+    except IndexError as exc:  # datasets cannot read back a dataset saved with no rows
+        raise DataError(f"--dataset {name}: {target!r} holds no rows, so no labels (datasets: {type(exc).__name__}: "
+                        f"{exc}); accepted: a dataset with images and class-index labels") from exc
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             raise UsageError(f"--dataset {name}: no split {split!r}; the dataset has {', '.join(loaded)}")

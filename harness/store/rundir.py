@@ -157,7 +157,7 @@ def stage_names(cfg: RunConfig) -> list[str]:
     if run_mode(cfg) is RunMode.CORRUPTIONS:
         return ["clean"] + [cell_name(c, s) for c, s in cells(cfg.corruptions or [], cfg.severities or [])]
     specs = [*cfg.battery, *cfg.escalations]
-    return ["clean"] + [str(s.get("name") or s.get("attack")) for s in specs]
+    return ["clean"] + [s.name for s in specs]
 
 
 class RunStore:

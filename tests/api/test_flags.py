@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.api.flags import FlagCode, check_codes, parse_code
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.diagnostics import escalation
 from harness.diagnostics.evidence import Setting
 

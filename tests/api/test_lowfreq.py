@@ -19,8 +19,8 @@ from conftest import TESTS, TinyCNN, run_single_stage, synthetic_images
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.defense import Defense
 from harness.api.threatspec import ThreatSpec
-from harness.battery.attack_spec import AttackSpec
 from harness.cli import main
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics import escalation

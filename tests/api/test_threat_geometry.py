@@ -146,7 +146,7 @@ def test_the_attacks_spend_their_budget_in_the_band(name, options, passes) -> No
     """At eps 0 nothing breaks, so each attack spends its whole budget: its iterations or queries, one more
     evaluation of its answers, and the stage's own (passes per sample: classifier forward, backward)."""
     from conftest import run_single_stage
-    from harness.battery.attack_spec import AttackSpec
+    from harness.config.attack_spec import AttackSpec
     from helpers_attacks import attack_batch, make
 
     x, y = attack_batch(4)

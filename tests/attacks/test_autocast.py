@@ -12,8 +12,8 @@ from harness.api.defense import Defense
 from harness.api.target import Target
 from harness.attacks import list_attacks
 from harness.attacks.torchattacks_adapter import AUTOCAST_CLASSES
-from harness.battery.attack_spec import AttackSpec
 from harness.battery.resolve import resolve
+from harness.config.attack_spec import AttackSpec
 from helpers_attacks import attack_batch, tiny_cnn
 
 # tiny budgets per built-in attack (every registered name except the torchattacks aliases, covered below)

@@ -121,8 +121,8 @@ def test_gradient_mode_is_honoured(batch):
     assert full.success.float().mean() <= 1 - clean + 0.15
     assert bpda.success.float().mean() >= 0.9
     # bpda-eot declares BPDA fixed: the resolver hands it a BPDA target even when the run says full
-    from harness.battery.attack_spec import AttackSpec
     from harness.battery.resolve import resolve
+    from harness.config.attack_spec import AttackSpec
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 10})
     attack = spec.build(0.1, "Linf")
     r = resolve(spec, attack, stochastic=False, run_grad="full")
@@ -220,7 +220,7 @@ def test_nonfinite_logits_count_as_success():
 def test_records_state_the_eot_and_gradient_mode_actually_used(batch):
     """bpda-eot spends EOT draws only on stochastic defenses and pins BPDA; the record says so."""
     from conftest import run_single_stage
-    from harness.battery.attack_spec import AttackSpec
+    from harness.config.attack_spec import AttackSpec
     x, y = batch
     x, y = x[:4], y[:4]
     spec = AttackSpec("bpda-eot", "bpda-eot", {"steps": 3})

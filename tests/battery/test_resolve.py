@@ -120,7 +120,7 @@ def test_run_with_adaptive_preset_honours_eot_flag_and_attack_opt(tiny_data_root
 def test_default_battery_is_rand_for_stochastic_and_standard_otherwise(tiny_data_root, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="harness"):
         cfg, *_ = runner.prepare(_cfg(tiny_data_root, tmp_path), defense=_noisy())
-    assert cfg.attacks == "rand" and [s["attack"] for s in cfg.battery] == ["apgd-ce", "apgd-dlr"]
+    assert cfg.attacks == "rand" and [s.attack for s in cfg.battery] == ["apgd-ce", "apgd-dlr"]
     assert "using the 'rand' battery" in caplog.text
     det, *_ = runner.prepare(_cfg(tiny_data_root, tmp_path, defense="tiny"),
                              defense=Defense(TinyCNN().eval(), None, num_classes=10, name="tiny"))

@@ -59,8 +59,8 @@ def test_user_file_defense_end_to_end(user_file, tiny_data_root, tmp_path, capsy
     assert "pgd-ce" in out and "worst-case" in out and "±1-point" in out
     cfg = read_config(run_dir / "config.toml")
     assert cfg.defense_opts == {"bits": 4} and cfg.grad == "bpda" and cfg.eps == pytest.approx(64 / 255)
-    assert [b["name"] for b in cfg.battery] == ["pgd-ce", "pgd-margin"]
-    assert all(b["options"]["steps"] == 3 for b in cfg.battery)
+    assert [b.name for b in cfg.battery] == ["pgd-ce", "pgd-margin"]
+    assert all(b.options["steps"] == 3 for b in cfg.battery)
     df = load_records(run_dir)
     assert df["index"].nunique() == 20 and set(df.attack) >= {"clean", "pgd-ce", "pgd-margin"}
     assert (df[df.stage == 1].grad_mode == "bpda").all()

@@ -136,7 +136,7 @@ def test_classifier_dataset_mismatch_warns():
 def test_attack_options_are_checked_against_the_attack_type_hints(attack, options, expect):
     """Battery files and --attack-opt values meet the same type rules as the run config: a quoted "false" is not
     taken as true, and a NaN step size does not silently turn the attack into a no-op (robust = clean)."""
-    from harness.battery.attack_spec import AttackSpec
+    from harness.config.attack_spec import AttackSpec
     from harness.errors import UsageError
 
     with pytest.raises(UsageError, match=expect):

@@ -6,9 +6,9 @@ import re
 import pytest
 
 from harness.api._seeding import derive_seed
-from harness.battery.attack_spec import AttackSpec
 from harness.battery.preset_catalog import list_presets
 from harness.battery.presets import resolve_battery
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
 
 
@@ -90,8 +90,10 @@ def test_attacks_named_now_drop_a_resolved_battery_and_nothing_else_does(tmp_pat
     from harness.cli.run import config_from_args
     from harness.front.evaluate import _config
 
-    battery = [{"name": "pgd-ce", "attack": "pgd", "options": {"steps": 7}}]
-    base = RunConfig(attacks="pgd", battery=battery, out=str(tmp_path / "runs"))
+    table = {"name": "pgd-ce", "attack": "pgd", "options": {"steps": 7}}
+    base = RunConfig(attacks="pgd", battery=[table], out=str(tmp_path / "runs"))
+    battery = [AttackSpec("pgd-ce", "pgd", {"steps": 7})]  # the table, parsed once
+    assert base.battery == battery and table == {"name": "pgd-ce", "attack": "pgd", "options": {"steps": 7}}
     assert merge(base, {"n": 5}).battery == battery
     assert merge(base, {"attacks": "fgsm"}).battery == [] and merge(base, {"attack_opts": {"steps": 3}}).battery == []
     write_config(base, tmp_path / "run.toml")  # the command line: --config FILE, then --attacks or --attack-opt
@@ -104,7 +106,7 @@ def test_attacks_named_now_drop_a_resolved_battery_and_nothing_else_does(tmp_pat
 
 
 def test_attack_opt_keys_name_an_entry_or_every_entry():
-    from harness.battery.attack_spec import attack_opt_target, options_for
+    from harness.config.attack_spec import attack_opt_target, options_for
 
     assert attack_opt_target("pgd.steps") == ("pgd", "steps") and attack_opt_target("steps") == ("", "steps")
     opts = {"steps": 5, "esc-pgd.steps": 50, "esc-pgd.eot": 8, "pgd.steps": 7}

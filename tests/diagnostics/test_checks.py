@@ -11,7 +11,7 @@ import torch
 
 from conftest import run_single_stage
 from harness.api.flags import FlagCode
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.diagnostics import after_stage, check_table
 from harness.diagnostics.check_table import CHECKS, Check, could_fire
 from harness.diagnostics.evidence import Evidence, Flag, Setting, StageEvidence

@@ -62,7 +62,7 @@ def test_a_registered_diagnostic_fires_in_a_run_with_its_remedy(registered, tiny
 
 
 def test_its_condition_decides_where_it_can_fire(registered):
-    from harness.battery.attack_spec import AttackSpec
+    from harness.config.attack_spec import AttackSpec
 
     pgd, square = AttackSpec("pgd", "pgd"), AttackSpec("square", "square")
     assert could_fire(SURVIVORS, Setting.of(pgd.build(0.1, "Linf"), pgd))

@@ -10,7 +10,7 @@ from torch import nn
 
 from conftest import run_single_stage
 from harness.api.defense import Defense
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics.answer_checks import NOISE_SAMPLES, check_noise
 from harness.diagnostics.evidence import Evidence
@@ -247,7 +247,7 @@ def test_escalation_specs_build():
 
 def test_escalation_drops_specs_that_cannot_build():
     from harness.attacks import create_attack
-    from harness.battery.attack_spec import AttackSpec
+    from harness.config.attack_spec import AttackSpec
     from harness.diagnostics import escalation
 
     aa = create_attack("autoattack-standard", eps=0.1)  # upstream's iterations are fixed: no effort option

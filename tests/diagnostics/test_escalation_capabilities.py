@@ -10,7 +10,7 @@ import pytest
 from harness.api.attack import ATTACKS, declared_capabilities
 from harness.api.factory_options import Variant
 from harness.api.flags import FlagCode
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.diagnostics import escalation
 from harness.diagnostics.escalation import Need
 from harness.diagnostics.evidence import Flag, Setting

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import read_config
 from harness.diagnostics.merge import collect_escalations, run_flags
 from harness.store.rundir import RunStore
@@ -39,7 +39,7 @@ def test_requests_for_one_attack_at_different_draws_become_one_with_the_most() -
     assert [e.name for e in escalations] == ["esc-pgd-eot200", "esc-pgd-x4"]
     assert escalations[0].options == {"steps": 200, "eot_adaptive": True, "eot": 200}
     # every flag that asked for more draws counts as acted upon, by the escalation that has the most
-    flags = run_flags(store, 4, [e.to_dict() for e in escalations])  # type: ignore[arg-type]
+    flags = run_flags(store, 4, escalations)  # type: ignore[arg-type]
     by_code = {f["code"]: f for f in flags}
     assert by_code["eot-disagree"]["shards"] == [0, 2, 3]
     assert by_code["eot-disagree"]["escalated"] == ["esc-pgd-eot200"]
@@ -56,7 +56,7 @@ def test_requests_for_different_attacks_or_gradient_modes_stay_apart() -> None:
 
 def test_the_diffpure_run_escalates_each_flagged_attack_once() -> None:
     # its shards asked for BPDA at 105, 144 and 200 draws and exact-gradient PGD-200 at 103, 126, 193 and 200
-    base = [AttackSpec.from_dict(s) for s in read_config(DIFFPURE_256 / "config.toml").battery]
+    base = read_config(DIFFPURE_256 / "config.toml").battery
     names = [e.name for e in collect_escalations(RunStore(DIFFPURE_256), 32, base)]
     assert names == ["esc-bpda-eot-eot200", "esc-pgd200-x4", "esc-pgd200-eot200", "esc-apgd-dlr", "esc-square",
                      "esc-rays"]
@@ -86,7 +86,7 @@ def test_repeats_of_a_stage_in_rungs_keep_its_rungs_scaled_with_their_iterations
 
 def test_the_diffpure_run_escalates_in_the_rungs_of_the_flagged_stages():
     """Its flags were stored before escalations kept rungs: the rule applies when the run collects them."""
-    base = [AttackSpec.from_dict(s) for s in read_config(DIFFPURE_256 / "config.toml").battery]
+    base = read_config(DIFFPURE_256 / "config.toml").battery
     rungs = {e.name: e.rungs for e in collect_escalations(RunStore(DIFFPURE_256), 32, base)}
     assert rungs == {"esc-bpda-eot-eot200": [25, 50], "esc-pgd200-x4": [100, 200, 400],
                      "esc-pgd200-eot200": [25, 50, 100], "esc-apgd-dlr": None, "esc-square": None, "esc-rays": None}

@@ -2,6 +2,7 @@
 each differing setting is refused (exit 3) with a message naming it, unless --allow-mismatch."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,8 +65,7 @@ def test_differing_battery_entry_options_are_refused(run_a: Path, tmp_path: Path
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
     cfg = load_config(b)
-    cfg.battery[0]["options"] = {"targets": 3}
-    (b / "config.toml").write_text(dumps(cfg))
+    (b / "config.toml").write_text(dumps(replace(cfg, battery=[replace(cfg.battery[0], options={"targets": 3})])))
     assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 3
     assert "pgd: battery entry" in capsys.readouterr().err
 
@@ -78,8 +78,8 @@ def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, t
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
     cfg = load_config(b)
-    cfg.battery[0]["options"] = {"eot": 1, "grad": "full"}
-    (b / "config.toml").write_text(dumps(cfg))
+    (b / "config.toml").write_text(dumps(replace(cfg, battery=[replace(cfg.battery[0], options={"eot": 1,
+                                                                                                  "grad": "full"})])))
     assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 0
     assert "Budgets matched" in capsys.readouterr().out
 

@@ -19,7 +19,7 @@ import harness.run.runner as runner
 from conftest import TinyCNN, run_single_stage
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.defense import Defense
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig, read_config, write_config
 from harness.defenses.gaussian_noise import GaussianNoise
 from harness.errors import UsageError

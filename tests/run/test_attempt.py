@@ -7,7 +7,7 @@ import torch
 
 from conftest import stage_context, tiny_defense
 from harness.api.attack import AttackResult
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.run.attempt import attack_chunks, judge, merge_results, setup_stage
 from harness.run.plan import ShardBatch, StagePlan, enforced_threat
 

@@ -17,7 +17,7 @@ import harness.run.cascade as run_shards
 import harness.run.runner as runner
 from conftest import TinyCNN, run_single_stage
 from harness.api.defense import Defense
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.defenses.bit_depth import BitDepthReduction
 from harness.diagnostics import after_stage as diagnostics

@@ -8,7 +8,7 @@ import torch
 from conftest import TinyCNN
 from harness.api.defense import Defense
 from harness.api.flags import FlagCode
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.run.escalation_order import ESCALATION_PROBE, ordered
 from harness.run.plan import RunContext
@@ -89,7 +89,7 @@ def test_a_run_probes_the_black_box_escalations_after_the_gradient_one_answered(
     n = 16
     run_dir = run_process_memory(network(), cifar_root, tmp_path, n=n, shard_size=8)
     config = load_config(run_dir)
-    assert config.battery[0]["name"] == "esc-pgd-last"  # asked for by the first batch: before the battery
+    assert config.battery[0].name == "esc-pgd-last"  # asked for by the first batch: before the battery
     names = [e["name"] for e in config.escalations]
     assert set(names[-2:]) == {"esc-square", "esc-rays"}, names
     records = load_records(run_dir)

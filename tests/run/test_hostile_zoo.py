@@ -10,7 +10,7 @@ import torch
 
 import harness.run.runner as runner
 from conftest import run_single_stage
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.diagnostics import after_stage as diagnostics
 from hostile_zoo import EPS, NONFINITE, ZOO_OPTIONS, builtin_attacks, grid_batch, make_hostile, off_grid

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.run.probe import ProbePlan, merge_rows, probe_bound, probe_size, split_probed
 from harness.store.records import PROBE_SKIP
 

@@ -6,7 +6,7 @@ import copy
 
 from conftest import TinyCNN
 from harness.api.defense import Defense
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.run import runner
 from harness.run.plan import RunContext
@@ -56,7 +56,7 @@ def test_the_context_holds_what_the_stages_read(tiny_data_root, tmp_path):
     import torch
 
     context = RunContext.build(cfg, _tiny(), torch.device("cpu"))
-    plan = context.plan(2, AttackSpec.from_dict(cfg.battery[1]))
+    plan = context.plan(2, cfg.battery[1])
     assert context.repeats == 1 and context.decide_by == cfg.decide_by and context.threat is not None
     assert plan.stage == 2 and plan.name == "apgd-ce" and plan.threat is context.threat and not plan.skip
     assert plan.resolved.grad_mode == "full" and plan.attack.eps == cfg.eps

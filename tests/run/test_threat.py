@@ -12,7 +12,7 @@ import harness.run.runner as runner
 from conftest import run_single_stage
 from harness.api.attack import Attack, AttackResult, register_attack
 from harness.api.threat import ThreatModel
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.diagnostics import after_stage as diagnostics
 from helpers_attacks import attack_batch, make

@@ -25,7 +25,7 @@ import harness.run.runner as runner
 from harness.api.attack import Attack, AttackResult, Capabilities, register_attack
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation
-from harness.battery.attack_spec import AttackSpec
+from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.reports import render
 from harness.reports.outcomes import WORST, outcome_table
