@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from tqdm.auto import tqdm
 
@@ -171,6 +171,24 @@ class StageLog:
         self.log.info("%s: %s, %s: %d attempted, %d robust after (%s, checks %s); %.0f%% of %d sample-stages, "
                       "elapsed %s, %s", self.phase, shard_text(shard, n_shards), stage, attempted, robust,
                       _duration(seconds), _duration(checks), pct, self.total, _duration(elapsed), self.left_text())
+
+
+class Bar(Protocol):
+    """What the engine asks of a progress bar (a tqdm bar, or :class:`NoBar`): count samples done."""
+
+    def update(self, n: int = 1) -> bool | None:
+        """Count ``n`` more samples done."""
+
+
+class ShownBar(Bar, Protocol):
+    """A bar on the screen (tqdm's): its count can be read and set back, its postfix written, and it is closed."""
+    n: float
+
+    def refresh(self) -> None: ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class NoBar:

@@ -130,9 +130,9 @@ def resolve(spec: AttackSpec, attack: Attack, *, stochastic: bool, run_grad: str
         grad, target_grad = (chosen, source), chosen
 
     if not caps.supports_eot:
-        for value, where in ((opt_eot, opt_where), (entry_eot, entry_where)):
-            if value is not None and value != 1:
-                raise UsageError(f"{where}: eot = {value}, but {spec.attack} draws no EOT samples; remove the eot "
+        for draws, where in ((opt_eot, opt_where), (entry_eot, entry_where)):
+            if draws is not None and draws != 1:
+                raise UsageError(f"{where}: eot = {draws}, but {spec.attack} draws no EOT samples; remove the eot "
                                  "setting for it (--eot applies only to the attacks that use EOT)")
         eot = (1, "attack")
     else:
@@ -140,12 +140,12 @@ def resolve(spec: AttackSpec, attack: Attack, *, stochastic: bool, run_grad: str
         eot = next((v, s) for v, s in [(opt_eot, "attack-option"), (run_eot, "run"), (entry_eot, "battery"),
                                        (default, "default")] if v is not None)
     skip = ""
-    why = probe.why_dead(grad[0]) if probe is not None and caps.uses_gradients else None
-    if why is not None:
+    dead = probe.why_dead(grad[0]) if probe is not None and caps.uses_gradients else None
+    if dead is not None:
         if fixed is None and probe is not None and probe.live:
             grad, target_grad = (probe.live[0], "probe"), probe.live[0]
         else:
-            skip = (f"{grad[0]}-mode gradients do not reach the input ({why})"
+            skip = (f"{grad[0]}-mode gradients do not reach the input ({dead})"
                     + ("" if probe is None or not probe.live else f"; {spec.attack} runs only in {grad[0]} mode"))
     return Resolved(grad_mode=grad[0], grad_source=grad[1], eot=eot[0], eot_source=eot[1], target_grad=target_grad,
                     skip=skip)

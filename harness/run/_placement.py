@@ -23,7 +23,7 @@ from harness.run._acceleration import accelerate, resolve_device
 from harness.run._memory import Batching
 from harness.run.plan import RunContext
 from harness.run.verdict import Verifier, verifier_for
-from harness.sources.datasets import TestSet
+from harness.sources.datasets import DataSource
 
 log = logging.getLogger("harness.run.runner")
 
@@ -42,7 +42,7 @@ class Placed:
                                 stateful=self.preflight.stateful)
 
 
-def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: list[int],
+def place_and_check(cfg: RunConfig, defense: Defense, data: DataSource, indices: list[int],
                     batching: Batching | None = None, *, rebuildable: bool = False) -> Placed:
     """Keep a copy of ``defense`` as it is before its first query (the verifier's template), move it to the run's
     device, run the first-batch checks (``harness.diagnostics.preflight``, which also sets the module mode) and accelerate it;
@@ -58,8 +58,8 @@ def place_and_check(cfg: RunConfig, defense: Defense, data: TestSet, indices: li
     recipe = DefenseRecipe.of(cfg.defense, cfg.defense_opts, verify_device(cfg, device), "eval") if rebuildable else None
 
     def remote(points: torch.Tensor, seed: int, mode: str) -> torch.Tensor:
-        return IsolatedProcess(dataclasses.replace(recipe, module_mode=mode),  # type: ignore[arg-type]
-                               defense.guard).logits(points, seed)
+        assert recipe is not None  # only called when the defense is rebuildable
+        return IsolatedProcess(dataclasses.replace(recipe, module_mode=mode), defense.guard).logits(points, seed)
 
     def checks() -> Preflight:
         instance = defense if not checked or fresh is None else fresh()  # a retry: the defense as handed over

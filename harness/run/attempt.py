@@ -34,21 +34,28 @@ def merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:
     size (a shorter trace held at its last value), anything else is kept as a per-chunk list."""
     if len(parts) == 1:
         return parts[0]
-    cat = lambda ts: None if any(t is None for t in ts) else torch.cat(ts)  # noqa: E731
     extras: dict[str, Any] = {}
     for key in {k for p in parts for k in p.extras}:
         vals = [p.extras.get(key) for p in parts]
-        if all(isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == n for v, n in zip(vals, sizes)):
-            extras[key] = torch.cat(vals)
-        elif all(isinstance(v, list) and v and all(isinstance(e, (int, float)) for e in v) for v in vals):
+        tensors = [v for v, n in zip(vals, sizes) if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == n]
+        traces = [v for v in vals if isinstance(v, list) and v and all(isinstance(e, (int, float)) for e in v)]
+        if len(tensors) == len(vals):
+            extras[key] = torch.cat(tensors)
+        elif len(traces) == len(vals):
             # running traces (accuracy per iteration or query step): a shorter one stays at its last value
-            w, length = np.asarray(sizes, float) / sum(sizes), max(len(v) for v in vals)
-            padded = np.asarray([list(v) + [v[-1]] * (length - len(v)) for v in vals], float)
+            w, length = np.asarray(sizes, np.float64) / sum(sizes), max(len(v) for v in traces)
+            padded = np.asarray([list(v) + [v[-1]] * (length - len(v)) for v in traces], np.float64)
             extras[key] = [float(x) for x in (padded * w[:, None]).sum(0)]
         else:
             extras[key] = vals
     return AttackResult(torch.cat([p.x_adv for p in parts]), torch.cat([p.success for p in parts]),
-                        cat([p.loss for p in parts]), cat([p.margin for p in parts]), extras)
+                        _cat_all([p.loss for p in parts]), _cat_all([p.margin for p in parts]), extras)
+
+
+def _cat_all(parts: list[Tensor | None]) -> Tensor | None:
+    """The parts concatenated, or None when any part has none (an attack that reports no loss or margin)."""
+    present = [t for t in parts if t is not None]
+    return torch.cat(present) if len(present) == len(parts) else None
 
 
 def verified(verifier: Verifier | None, ev: Evaluation, x: Tensor, y: Tensor, *, repeats: int, seed: int,
@@ -208,7 +215,7 @@ def _use_witnesses(s: StageSetup, answers: tuple[Tensor, Tensor], ev: Evaluation
     return x_adv, dataclasses.replace(ev, **merged)
 
 
-def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
+def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager[object]:
     dtype = Autocast.parse(mode).dtype
     if dtype is None:
         return contextlib.nullcontext()

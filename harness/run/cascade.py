@@ -27,7 +27,7 @@ from harness.run.schedule import stage_extras
 from harness.run.stage import StageOutcome, clean_stage, flag_dict, run_stage, skipped_stage
 from harness.stats.scoring import attackable_after, stages
 from harness.store.partial import bytes_frame, drop_partial, frame_bytes, load_partial, save_partial
-from harness.store.rundir import COLUMNS
+from harness.store.records import COLUMNS
 
 log = get_logger("runner")
 
@@ -88,7 +88,7 @@ def _shard_state(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str
         log.info("%s: continuing after %d stored stage(s)", shard_text(shard, host.n_shards), stored["done"])
         state = ShardState(batch, [bytes_frame(stored["frames"])], json.loads(stored["side"]),
                            stored["robust"].to(context.device), _kept(host, batch, stored.get("adv")),
-                           tuple(stored["dead"]) if stored.get("dead") else None,  # type: ignore[arg-type]
+                           tuple(stored["dead"]) if stored.get("dead") else None,
                            int(stored["done"]), stored.get("rung"))
     elif work.prior is None:
         state = _clean(host, batch, indices)

@@ -42,7 +42,7 @@ import torch
 
 from harness.config.attack_spec import AttackSpec, options_for
 from harness.diagnostics import escalation
-from harness.diagnostics.evidence import has_auxiliary_losses
+from harness.diagnostics.evidence import Setting, has_auxiliary_losses
 from harness.diagnostics.merge import collect_escalations
 from harness.run.fullcost import Calibration, FullCost
 from harness.run.phases import ATTACKS, ESCALATION
@@ -298,7 +298,7 @@ def _possible(cal: Calibration, base: list[AttackSpec], taken: set[str], survivo
         attack, resolved = plan.attack, plan.resolved
         if resolved.skip:
             continue
-        for code, entry in escalation.possible(escalation.Setting.of(
+        for code, entry in escalation.possible(Setting.of(
                 attack, spec, stage=stage, has_purifier=defense.purifier is not None, grad_mode=str(resolved.target_grad),
                 stochastic=defense.stochastic, has_aux=has_aux, has_surrogate=defense.has_surrogate, eot=int(resolved.eot),
                 threat=plan.threat.kind)):

@@ -158,7 +158,8 @@ class RayExecutor:
     def _result(self, ref: Any, shard: int, n_shards: int) -> list[dict[str, Any]] | None:
         errors = self.ray.exceptions
         try:
-            return self.ray.get(ref)
+            result: list[dict[str, Any]] | None = self.ray.get(ref)
+            return result
         except errors.RayTaskError as exc:  # the task raised: report the error itself, not Ray's wrapping
             cause = exc.cause
             if isinstance(cause, HarnessError):
@@ -221,7 +222,8 @@ def shard_task(job: dict[str, Any], phase: Phase, shard: int, indices: list[int]
 
     cfg = RunConfig(**job["config"])
     placed, data = _build(cfg, job["run_dir"])
-    torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    resources = ray.get_runtime_context().get_assigned_resources()  # type: ignore[no-untyped-call]
+    torch.set_num_threads(max(1, int(resources.get("CPU", 1))))
     store = RunStore(job["run_dir"])  # the batch size where the run is now (harness.run._memory)
     batching = Batching(resumed_size(load_provenance(store.dir).get("batch_sizes"), cfg.batch_size))
     batching.attach(store.record_batch_size)

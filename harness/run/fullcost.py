@@ -110,7 +110,8 @@ class Calibration:
                                                                           device=self.x.device))
         seconds = self.clock() - t0
         att = np.asarray(cols["attempted"], bool)
-        units = np.nansum(cols["classifier_forward"][att]) + 2 * np.nansum(cols["classifier_backward"][att])
+        forward, backward = (np.asarray(cols[f"classifier_{way}"], np.float64) for way in ("forward", "backward"))
+        units = np.nansum(forward[att]) + 2 * np.nansum(backward[att])
         return seconds, float(units)
 
 

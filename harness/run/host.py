@@ -10,11 +10,12 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from harness.progress import StageLog
+from harness.progress import Bar, StageLog
 from harness.run._memory import Batching
 from harness.run.plan import RunContext
 from harness.sources.datasets import DataSource
-from harness.store.rundir import COLUMNS, RunStore
+from harness.store.records import COLUMNS, Columns
+from harness.store.rundir import RunStore
 
 
 class ShardHost(Protocol):
@@ -26,14 +27,14 @@ class ShardHost(Protocol):
     progress: StageLog
     clock: Callable[[], float]
 
-    def bar(self, name: str) -> Any:
+    def bar(self, name: str) -> Bar:
         """The progress bar of attack ``name``."""
 
     def stage_done(self, **summary: Any) -> None:
         """Count a finished stage of a shard in the progress."""
 
 
-def records_frame(cols: dict[str, Any], indices: list[int], y: Tensor, shard: int, stage: int, name: str) -> pd.DataFrame:
+def records_frame(cols: Columns, indices: list[int], y: Tensor, shard: int, stage: int, name: str) -> pd.DataFrame:
     """One stage's record rows of a shard: the identifying columns, then the stage's ``cols`` (a scalar repeated)."""
     n = len(indices)
     df = pd.DataFrame({"index": np.asarray(indices, np.int64), "label": y.cpu().numpy().astype(np.int64),

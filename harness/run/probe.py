@@ -38,8 +38,8 @@ from harness.run.schedule import merge_per_sample, stage_extras
 from harness.run.stage import flag_dict, run_stage
 from harness.stats.intervals import clopper_pearson
 from harness.stats.scoring import attackable_after
-from harness.store.records import PROBE_SKIP
-from harness.store.rundir import COLUMNS, RunStore
+from harness.store.records import COLUMNS, PROBE_SKIP
+from harness.store.rundir import RunStore
 
 
 def probe_size(probe: float, survivors: int) -> int:

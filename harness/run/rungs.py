@@ -26,6 +26,7 @@ from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.stage import StageOutcome, finish_stage
 from harness.run.verdict import Agreement
 from harness.stats.plateau import PlateauMark, coins
+from harness.store.records import Columns
 
 # per attempted sample: the evaluation of its last rung, and what it cost
 _KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "violation", "differ", "open", "seconds",
@@ -35,7 +36,7 @@ _MARKS = (PlateauMark.NONE, PlateauMark.STOPPED, PlateauMark.PROBED)  # the code
 
 def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_before: Tensor, *,
                    save: Callable[[dict[str, Any]], None] | None = None,
-                   resume: dict[str, Any] | None = None) -> tuple[StageOutcome, dict[str, Any], list[dict[str, Any]]]:
+                   resume: dict[str, Any] | None = None) -> tuple[StageOutcome, Columns, list[dict[str, Any]]]:
     """:func:`harness.run.stage.run_stage` in rungs (the plan's ``rungs``: the iteration counts after which the
     decided samples stop; the attack's own iterations end it). Returns the outcome, the record columns and one
     summary per rung (iterations reached, samples attacked and still robust after it, passes spent per attacked

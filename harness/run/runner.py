@@ -221,17 +221,17 @@ def run(cfg: RunConfig, defense: Defense | None = None, *, force_resume: bool = 
     if opened.estimate is not None:  # what a stage not timed yet in this run costs, for the time left
         ctx.progress.prior(opened.estimate.priors())
     try:
-        shards = _battery(ctx, executor, shards, mine, opened.plan)
-        if shards is None:  # only with a slice: other slices are still running (or not started)
+        kept = _battery(ctx, executor, shards, mine, opened.plan)
+        if kept is None:  # only with a slice: other slices are still running (or not started)
             left = sum(store.shard_stages(s) is None for s in range(len(opened.plan.shards())))
             log.info("slice %s done; %d shards of other slices are not finished yet, so the run is not complete: the "
                      "last slice to finish completes it", "/".join(map(str, shard_slice or ())), left)
             return store.dir
-        ctx = _after_battery(ctx, executor, shards, opened.findings)
+        ctx = _after_battery(ctx, executor, kept, opened.findings)
     finally:
         ctx.close()
         executor.close()
-    _finish(ctx, len(shards), opened.findings)
+    _finish(ctx, len(kept), opened.findings)
     return store.dir
 
 
@@ -352,11 +352,13 @@ def sequential_phase(ctx: RunShards, shards: list[list[int]], plan: ShardLayout)
     steps = ctx.steps(ATTACKS)
     for name in steps.names:
         ctx.bar(name)
+    assert cfg.until is not None and cfg.about is not None  # a sequential run: prepare() resolved both
     rule, scope = StopRule.parse(cfg.until, cfg.against), Scope(cfg.about)
     population, confidence = len(plan.indices), 0.95
     about = scope.describe(population, difference=rule.kind is StopKind.DECIDED)
     paired = None
     if rule.kind is StopKind.DECIDED:
+        assert rule.against is not None  # StopRule.parse requires it for "decided"
         other = Path(rule.against)
         if [int(i) for i in load_provenance(other).get("indices", [])] != plan.indices or not completeness(other).complete:
             raise UsageError(f"--against {rule.against!r} must be a complete run over the same samples in the same "

@@ -12,7 +12,7 @@ from harness.api.continuation import Continuable
 from harness.config.attack_spec import AttackSpec
 from harness.errors import UsageError
 from harness.run.stage import StageOutcome
-from harness.store.records import PASS_COLUMNS
+from harness.store.records import PASS_COLUMNS, Columns
 
 
 def check_schedule(specs: list[AttackSpec], eps: float, norm: str, *, every_attack: bool,
@@ -37,9 +37,11 @@ def check_schedule(specs: list[AttackSpec], eps: float, norm: str, *, every_atta
         if not rungs:
             continue
         attack = spec.build(eps, norm)
-        why = (f"{spec.attack} does not continue from a stored state" if not isinstance(attack, Continuable)
-               else attack.continuation_problem())
-        if why:
+        if not isinstance(attack, Continuable):
+            why: str | None = f"{spec.attack} does not continue from a stored state"
+        else:
+            why = attack.continuation_problem()
+        if why or not isinstance(attack, Continuable):
             raise UsageError(f"{where}: rungs {rungs} need an attack that can stop and continue, but {why}; "
                              "rungs apply to pgd, bpda-eot and pgd200-eot20 with one restart")
         if rungs[-1] >= attack.total_iterations():
@@ -52,7 +54,7 @@ def check_schedule(specs: list[AttackSpec], eps: float, norm: str, *, every_atta
 PER_SAMPLE_EXTRAS = ("targets", "targets_by_logits", "broken_by_target")
 
 
-def stage_extras(outcome: StageOutcome, cols: dict[str, Any], indices: list[int] | None = None) -> dict[str, Any]:
+def stage_extras(outcome: StageOutcome, cols: Columns, indices: list[int] | None = None) -> dict[str, Any]:
     """What a stage's side data holds besides its counts: the attack's accuracy trace, the passes per attempted
     sample (each count and their sum, ``total``), with an adaptive EOT the mean draws per gradient, and with
     ``indices`` (the shard's dataset indices) the attack's :data:`PER_SAMPLE_EXTRAS`, under ``per_sample`` with the

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from harness.config.attack_spec import AttackSpec
 from harness.config.frontend import FrontEnd
-from harness.progress import NoBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
+from harness.progress import Bar, NoBar, ShownBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
 from harness.run._memory import Batching
 from harness.run.cascade import ShardWork, compute_shard
 from harness.run.phases import ATTACKS, Phase, PhaseKind, PhaseSteps
@@ -37,7 +37,7 @@ class RunShards:
         cfg = context.config
         # the batch size every call uses: --batch-size until the defense runs out of memory (harness.run._memory)
         self.batching = batching or Batching(cfg.batch_size)
-        self.bars: dict[str, Any] = {}
+        self.bars: dict[str, ShownBar] = {}
         self.corrupted: Any = None  # a --threat corruptions run's images (harness.run.corruption_stages.Corrupted)
         self.defer_probes = defer_probes
         self.show_bars = bars_enabled(cfg.quiet, anywhere=front is FrontEnd.API)  # progress bars, else log lines
@@ -62,7 +62,7 @@ class RunShards:
             out.append(self._plans[key])
         return out
 
-    def bar(self, name: str) -> Any:
+    def bar(self, name: str) -> Bar:
         if not self.show_bars:
             return NoBar()
         if name not in self.bars:  # no per-bar time left: the postfix shows the phase's, weighted by stage cost

@@ -31,7 +31,7 @@ from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement
 from harness.stats.plateau import PlateauMark
-from harness.store.records import MISSING, NULLABLE, not_attempted, null_where
+from harness.store.records import MISSING, NULLABLE, Columns, not_attempted, null_where
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _budget_columns(plan: StagePlan | None) -> dict[str, Any]:
 
 
 def run_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_before: Tensor,
-              part: int = 0) -> tuple[StageOutcome, dict[str, Any], Evaluation]:
+              part: int = 0) -> tuple[StageOutcome, Columns, Evaluation]:
     """Run stage ``plan`` on the samples of ``batch`` that are ``robust_before``; evaluate its adversarials.
 
     Every answer is held to the plan's threat model; the context's verifier re-derives the verdict on fresh
@@ -103,13 +103,15 @@ def run_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_be
     judged = verify(s, rows, judged, part)
     spent = s.target.budget.since(before)
     n_att = s.xa.shape[0]
-    per_sample = lambda total: torch.full((n_att,), total / max(n_att, 1), dtype=torch.float64)  # noqa: E731
+    def per_sample(total: float) -> Tensor:
+        return torch.full((n_att,), total / max(n_att, 1), dtype=torch.float64)
+
     return finish_stage(s, robust_before, result, judged, {k: per_sample(v) for k, v in spent.items()},
                         per_sample(elapsed))
 
 
 def finish_stage(s: StageSetup, robust_before: Tensor, result: AttackResult, judged: Judged,
-                 passes: dict[str, Tensor], seconds: Tensor) -> tuple[StageOutcome, dict[str, Any], Evaluation]:
+                 passes: dict[str, Tensor], seconds: Tensor) -> tuple[StageOutcome, Columns, Evaluation]:
     """The outcome and the record columns of a stage from its attempted rows' answers (``result``), their
     evaluation (``judged``), and per attempted sample the passes and seconds spent on it."""
     ev, x_adv, idx, xa, ya, x = judged.ev, judged.x_adv, s.idx, s.xa, s.ya, s.batch.x
@@ -135,7 +137,7 @@ def finish_stage(s: StageSetup, robust_before: Tensor, result: AttackResult, jud
 
 
 def clean_stage(context: RunContext, batch: ShardBatch,
-                stage: int = 0) -> tuple[dict[str, Any], Evaluation, Agreement | None]:
+                stage: int = 0) -> tuple[Columns, Evaluation, Agreement | None]:
     """Stage 0: evaluate the clean inputs of ``batch`` R times; with the context's verifier, fresh instances
     evaluate the clean images re-read from the data set (the batch's anchors) too (``harness.run.verdict``).
     Returns the record columns, the recorded evaluation and how the two evaluations agree (None without a
@@ -163,7 +165,7 @@ def clean_stage(context: RunContext, batch: ShardBatch,
     return cols, ev, agreement
 
 
-def skipped_stage(context: RunContext, plan: StagePlan, n: int, reason: str) -> dict[str, Any]:
+def skipped_stage(context: RunContext, plan: StagePlan, n: int, reason: str) -> Columns:
     """The record columns of a stage not run on a shard of ``n`` samples: no sample attempted, ``skipped`` says
     why, the budget columns say what would have run. The cascade carries every sample's state past it unchanged."""
     return {**not_attempted(n), **_budget_columns(plan), "seed": context.seed, "skipped": reason}
@@ -193,7 +195,9 @@ def _preds_lists(preds: Tensor, idx: Tensor, n: int) -> list[list[int]]:
 
 def flag_dict(flag: Any, outcome: StageOutcome) -> dict[str, Any]:
     """A diagnostics flag (object or mapping) as plain data, with escalation specs as dicts."""
-    get = (lambda k, d=None: flag.get(k, d)) if isinstance(flag, dict) else (lambda k, d=None: getattr(flag, k, d))
+    def get(key: str, default: Any = None) -> Any:
+        return flag.get(key, default) if isinstance(flag, dict) else getattr(flag, key, default)
+
     escalate = []
     for spec in get("escalate", None) or []:
         spec = spec.to_dict() if isinstance(spec, AttackSpec) else AttackSpec.from_dict(spec).to_dict()

@@ -32,7 +32,7 @@ def _versioned_roots() -> tuple[str, ...]:
     """Source files under these packages are covered by the package version or the harness code hash instead."""
     import torch
 
-    return tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, __import__("harness")))
+    return tuple(str(Path(str(m.__file__)).resolve().parent) + os.sep for m in (torch, __import__("harness")))
 
 # field name -> how a mismatch is named to the user
 LABELS = {"defense_source": "defense source", "defense_weights": "defense weights (parameters and buffers)",

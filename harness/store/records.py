@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -141,7 +141,14 @@ MISSING: dict[str, Any] = {c.name: c.missing for c in RECORD_COLUMNS if c.missin
 NULLABLE: tuple[Column, ...] = tuple(c for c in RECORD_COLUMNS if c.missing is NULL)
 
 
-def null_where(column: Column, values: Any, missing: Any) -> Any:
+# one record column of a stage: a value per sample (an array, pandas' nullable booleans, a list), or one value for
+# every row (records_frame repeats it)
+ColumnValues = Union[np.ndarray, pd.api.extensions.ExtensionArray, Sequence[object], str, int, float, bool]
+Columns = dict[str, ColumnValues]  # a stage's record columns by name
+
+
+def null_where(column: Column, values: np.ndarray | Sequence[object],
+               missing: np.ndarray | Sequence[bool]) -> np.ndarray | pd.arrays.BooleanArray:
     """``values`` of a :data:`NULLABLE` column with null where ``missing``: pandas' nullable boolean for a boolean
     column (Parquet keeps the dtype), NaN for a float one (null in Parquet)."""
     absent = np.asarray(missing, dtype=bool)
@@ -150,9 +157,9 @@ def null_where(column: Column, values: Any, missing: Any) -> Any:
     return np.where(absent, np.nan, np.asarray(values, dtype=float))
 
 
-def not_attempted(n: int) -> dict[str, Any]:
+def not_attempted(n: int) -> Columns:
     """The per-sample columns of ``n`` samples a stage did not attempt (each column's declared ``missing`` value)."""
-    out: dict[str, Any] = {}
+    out: Columns = {}
     for column in RECORD_COLUMNS:
         value = column.missing
         if value is NULL:

@@ -106,10 +106,19 @@ def _json_default(obj: Any) -> Any:
 
 
 def _read_json(path: Path) -> Any:
+    """A JSON file of the run directory (an object, or the list of flags of ``diagnostics.json``)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RunFormatError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """A JSON object of the run directory; anything else is a damaged file, named."""
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise RunFormatError(f"{str(path)!r} holds {type(data).__name__}, not a JSON object; it is damaged")
+    return data
 
 
 def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -262,9 +271,7 @@ class RunStore:
 
     def read_side(self, shard: int) -> dict[str, Any]:
         path = self.shard_path(shard, ".json")
-        side = _read_json(path)
-        if not isinstance(side, dict):
-            raise RunFormatError(f"{str(path)!r} must hold a JSON object (stages, attacks, diagnostics)")
+        side = _read_object(path)
         check_codes(side.get("diagnostics", []), source=str(path))
         return side
 
@@ -362,7 +369,7 @@ def load_provenance(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "provenance.json"
     if not path.is_file():
         raise RunFormatError(f"{str(path)!r} is missing; rerun the run's `harness run` command to restore it")
-    return _read_json(path)
+    return _read_object(path)
 
 
 def load_records(run_dir: str | Path) -> pd.DataFrame:

@@ -149,7 +149,7 @@ def test_escalation_is_recorded_and_resumes_identically(tiny_data_root, tmp_path
                probe_gradients=False)
     ref_dir = runner.run(_cfg(tiny_data_root, tmp_path / "a", **cfg), defense=quantized())
     escalations = read_config(ref_dir / "config.toml").escalations
-    names = [e["name"] for e in escalations]
+    names = [e.name for e in escalations]
     assert "esc-bpda-eot" in names  # zero purifier gradients under `full` call for BPDA
     ref = load_records(ref_dir)
     worst = ref.groupby("index").apply(lambda g: bool((g.correct_all | ~g.attempted).all()))

@@ -65,7 +65,8 @@ def test_differing_battery_entry_options_are_refused(run_a: Path, tmp_path: Path
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
     cfg = load_config(b)
-    (b / "config.toml").write_text(dumps(replace(cfg, battery=[replace(cfg.battery[0], options={"targets": 3})])))
+    first = replace(cfg.battery[0], options={"targets": 3})
+    (b / "config.toml").write_text(dumps(replace(cfg, battery=[first, *cfg.battery[1:]])))
     assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 3
     assert "pgd: battery entry" in capsys.readouterr().err
 
@@ -78,8 +79,8 @@ def test_same_resolved_eot_asked_for_in_different_ways_is_matched(run_a: Path, t
 
     b = write_synthetic_run(tmp_path / "b", **BASE)
     cfg = load_config(b)
-    (b / "config.toml").write_text(dumps(replace(cfg, battery=[replace(cfg.battery[0], options={"eot": 1,
-                                                                                                  "grad": "full"})])))
+    first = replace(cfg.battery[0], options={"eot": 1, "grad": "full"})
+    (b / "config.toml").write_text(dumps(replace(cfg, battery=[first, *cfg.battery[1:]])))
     assert main(["compare", str(run_a), str(b), "--resamples", "1000"]) == 0
     assert "Budgets matched" in capsys.readouterr().out
 

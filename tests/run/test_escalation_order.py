@@ -90,7 +90,7 @@ def test_a_run_probes_the_black_box_escalations_after_the_gradient_one_answered(
     run_dir = run_process_memory(network(), cifar_root, tmp_path, n=n, shard_size=8)
     config = load_config(run_dir)
     assert config.battery[0].name == "esc-pgd-last"  # asked for by the first batch: before the battery
-    names = [e["name"] for e in config.escalations]
+    names = [e.name for e in config.escalations]
     assert set(names[-2:]) == {"esc-square", "esc-rays"}, names
     records = load_records(run_dir)
     before_square = records[records.stage <= len(config.battery) + len(names) - 2]

@@ -87,7 +87,7 @@ def test_estimate_includes_the_escalations_the_diagnostics_add(tiny_data_root, t
     ran = runner.run(_cfg(tiny_data_root, tmp_path / "run", **cfg), defense=_masked())
     from harness.store.rundir import load_config
 
-    added = [e["name"] for e in load_config(ran).escalations]
+    added = [e.name for e in load_config(ran).escalations]
     assert "esc-bpda-eot" in added
     fired = [s.name for s in est.stages if s.kind == "escalation"]
     assert fired and set(fired) <= set(added)
