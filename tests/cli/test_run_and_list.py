@@ -85,6 +85,7 @@ def test_config_file_and_rerun_resumes(user_file, tiny_data_root, tmp_path, caps
         n = 12
         eps = 0.05
         attack_opts = {{ steps = 2 }}
+        escalate = false
         [defense]
         name = "{user_file}:make"
         bits = 6

@@ -2,7 +2,7 @@
 
 Each wraps at-small on real CIFAR-10 images (32, ε = 8/255, as a new user would try it), built from a factory file
 (``tests/zoo_factory.py``, so the verdict comes from instances built in new processes), and runs through
-``harness run`` with the ``quick`` and the ``standard`` battery (budgets cut to keep the suite short). The ground
+``harness run`` with the ``quick`` or the ``standard`` battery (budgets cut to keep the suite short). The ground
 truth is computed here, by a plain PGD on the true input -> output function (:func:`hostile_zoo.true_robust`),
 and the harness's worst case may not exceed it (it may be lower: every break the harness counts is re-derived on
 fresh instances, so it is real)."""
@@ -59,9 +59,19 @@ def _clean(root, run_dir):
     return load_test_set("cifar10", root).get(idx)
 
 
-@pytest.mark.parametrize("battery", sorted(BATTERIES))
+# each kind under one battery (both batteries run, and the verdict does not depend on which found a break): the
+# standard battery for the defenses whose gradients mislead or whose state changes, quick for the tied outputs
+BATTERY_OF = {"constant": "quick", "zeros-off-grid": "quick", "inplace-purifier": "standard", "memory": "standard",
+              "grad-differs": "standard", "jpeg-like": "standard"}
+
+
+def test_every_kind_of_the_zoo_runs_under_a_battery() -> None:
+    assert sorted(BATTERY_OF) == sorted(FUNCTION_ZOO) and set(BATTERY_OF.values()) == set(BATTERIES)
+
+
 @pytest.mark.parametrize("kind", FUNCTION_ZOO)
-def test_no_defense_in_the_function_zoo_beats_the_ground_truth(kind, battery, at_small, cifar_root, tmp_path):
+def test_no_defense_in_the_function_zoo_beats_the_ground_truth(kind, at_small, cifar_root, tmp_path):
+    battery = BATTERY_OF[kind]
     _, true_fn = make_function_zoo(kind, at_small, radius=EPS)
     run_dir = runner.run(_cfg(cifar_root, tmp_path, run_id=kind, attacks=battery, attack_opts=BATTERIES[battery],
                               save_adversarials=True, defense=SPEC, defense_opts={"kind": kind}))
