@@ -44,6 +44,7 @@ from harness.config.attack_spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F40
 from harness.config.precision import Autocast
 from harness.config.run_config import RunConfig
 from harness.errors import UsageError
+from harness.store.records import Columns
 
 NO_GRADIENT = "none"  # recorded gradient mode of attacks that use no gradients of the defense
 
@@ -80,7 +81,7 @@ class Resolved:
     target_grad: str
     skip: str = ""  # non-empty: the attack must not start (its only possible gradient mode is dead), and why
 
-    def columns(self) -> dict[str, Any]:
+    def columns(self) -> Columns:
         """The record columns of these settings."""
         return {"eot": int(self.eot), "eot_source": self.eot_source, "grad_mode": self.grad_mode,
                 "grad_source": self.grad_source}

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from harness.api.attack import ATTACKS, Attack
 from harness.api.factory_options import Option, Options, options_of
 from harness.api.gradmodes import GRAD_MODES
 from harness.errors import HarnessError, UsageError, one_line, user_frame
+
+if TYPE_CHECKING:  # the attacks' registry imports torch: a configuration is read without it (harness report, --help)
+    from harness.api.attack import Attack
 
 RESOLVER_OPTIONS = ("grad", "eot")  # per-attack options read by the resolver, never passed to the attack
 # how the stage spends the attack's budget (harness.run.schedule), never passed to the attack: ``rungs`` (iteration
@@ -109,6 +111,8 @@ class AttackSpec:
         rejects fails naming ``where`` the entry came from. The run's ε and norm are checked when the battery is
         built; an attack given as ``file.py:factory``, or one needing options the entry does not set, is left to
         that check."""
+        from harness.api.attack import ATTACKS
+
         if ":" in self.attack and self.attack not in ATTACKS:  # a user's file or module: not imported twice
             return
         try:
@@ -127,6 +131,8 @@ class AttackSpec:
             raise UsageError(f"{where}: {one_line(exc)}") from exc
 
     def _create(self, **run: Any) -> Attack:
+        from harness.api.attack import ATTACKS
+
         options = {k: v for k, v in self.options.items() if k not in RESOLVER_OPTIONS + SCHEDULE_OPTIONS}
         accepted = options_of(ATTACKS.get(self.attack))
         unknown = accepted.unknown(options) if accepted is not None else []

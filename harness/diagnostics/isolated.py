@@ -54,7 +54,10 @@ from harness.progress import get_logger
 from harness.watch.guard import Guard, Seen
 
 # what the fork server imports before forking: torch and the engine, never a defense's module
-PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated"]
+# imported once by the server, not by each child: everything a child's build and work import (preflight for the
+# module mode: about a second of imports per call otherwise)
+PRELOAD = ["torch", "harness.api.defense", "harness.api.evaluation", "harness.diagnostics.isolated",
+           "harness.diagnostics.preflight"]
 START_METHOD = "forkserver"  # see the module docstring: not "spawn" (every call would import torch again)
 _FILE_PLUGIN = "_harness_plugin_"  # module names the registry gives files it loaded (harness.api.registry)
 log = get_logger("verdict")

@@ -150,3 +150,25 @@ def test_the_server_imports_the_registered_defense_modules_once_for_its_children
     modules = preload_modules()
     assert modules[:len(PRELOAD)] == PRELOAD and set(DEFENSES.plugin_modules()) <= set(modules)
     assert "harness.defenses" in DEFENSES.plugin_modules()
+
+
+
+def test_a_verdict_process_builds_the_defense_with_what_the_server_imported(tmp_path) -> None:
+    """Each verdict call is a new process forked from one server; what building the defense imports, the server must
+    have imported once (else every call pays for it again: about a second per call on the CPU). The child runs a
+    function of a module that imports no harness module, so the comparison starts from what the server holds."""
+    from harness.diagnostics.isolated import start_server
+    from verdict_child import harness_modules_a_build_imports
+
+    factory = tmp_path / "plain.py"
+    factory.write_text("import torch\nfrom harness.api.defense import Defense\n\n"
+                       "def make():\n    return Defense(torch.nn.Flatten(), None, num_classes=3072, name='plain')\n")
+    context = start_server()
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=harness_modules_a_build_imports,
+                            args=(send, DefenseRecipe(f"{factory}:make", {}, "cpu")))
+    child.start()
+    send.close()
+    imported = receive.recv()
+    child.join()
+    assert imported == []
