@@ -51,17 +51,17 @@ _NOT_APPLICABLE: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("save_adversarials", "--save-adversarials", bool), ("autocast", "--autocast", lambda v: v != "none"))
 
 
-def check_config(cfg: RunConfig) -> dict[str, Any]:
-    """Refuse options that do not fit the threat model (one line each); for a corruptions run, the config fields
-    it resolves: the corruptions and severities (default all), and off what only attacks use (escalation, the
-    gradient probe)."""
+def check_config(cfg: RunConfig) -> RunConfig:
+    """Refuse options that do not fit the threat model (one line each); for a corruptions run, a new config with the
+    fields it resolves: the corruptions and severities (default all), and off what only attacks use (escalation, the
+    gradient probe); ``cfg`` itself for an attack run."""
     if run_mode(cfg) is not RunMode.CORRUPTIONS:
         given = [flag for flag, v in (("--corruptions", cfg.corruptions), ("--severities", cfg.severities))
                  if v is not None]
         if given:
             raise UsageError(f"{' and '.join(given)} choose the images of --threat corruptions; this run has "
                              f"--threat {cfg.threat} (add --threat corruptions, or drop them)")
-        return {}
+        return cfg
     given = [flag for name, flag, is_given in _NOT_APPLICABLE if is_given(getattr(cfg, name))]
     if given:
         raise UsageError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --threat corruptions: "
@@ -69,7 +69,8 @@ def check_config(cfg: RunConfig) -> dict[str, Any]:
                          f"{'it' if len(given) == 1 else 'them'} (accepted: --corruptions, --severities, "
                          "--eval-repeats)")
     corruptions, severities = resolve_choice(cfg.corruptions, cfg.severities)
-    return {"corruptions": corruptions, "severities": severities, "escalate": False, "probe_gradients": False}
+    return dataclasses.replace(cfg, corruptions=corruptions, severities=severities, escalate=False,
+                               probe_gradients=False)
 
 
 @dataclass

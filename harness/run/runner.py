@@ -34,7 +34,7 @@ from harness.progress import get_logger, shard_text
 from harness.run import corruption_stages
 from harness.run._memory import Batching, resumed_size
 from harness.run._placement import place_and_check
-from harness.run.data import open_data, preprocessing
+from harness.run.data import open_data, with_preprocessing
 from harness.run.escalation_order import first_batch_stages, ordered
 from harness.run.estimate import CALIBRATION_SAMPLES, Estimate, estimate
 from harness.run.executors import Executor, make_executor
@@ -68,7 +68,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
     # a threat model that does not fit (lowfreq under Linf, a parameter its kind does not declare) fails here; its
     # kind's parameters are filled in (the user's config itself stays as written)
     threat_params = ThreatSpec.from_config(cfg).param_values()
-    cfg = dataclasses.replace(cfg, threat_params=threat_params, **preprocessing(cfg))
+    cfg = with_preprocessing(dataclasses.replace(cfg, threat_params=threat_params))
     if cfg.threads is not None:  # before any work: torch's intra-op pool is sized on first use
         torch.set_num_threads(cfg.threads)
     if defense is None:
@@ -82,7 +82,7 @@ def prepare(cfg: RunConfig, defense: Defense | None = None,
     indices = select_indices(len(data), cfg.n, cfg.seed if cfg.sample_seed is None else cfg.sample_seed, cfg.indices)
     _check_not_fitted_on(cfg, defense, indices)
     # --threat corruptions: no battery, the corruptions resolved
-    cfg = dataclasses.replace(cfg, **corruption_stages.check_config(cfg))
+    cfg = corruption_stages.check_config(cfg)
     if cfg.about is not None and cfg.until is None:
         raise UsageError(f"--about {cfg.about} says what the confidence sequence of --until is about; it goes with --until")
     resolved: dict[str, Any] = {}

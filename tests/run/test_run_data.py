@@ -11,7 +11,7 @@ import torch
 from conftest import synthetic_images
 from harness.config.run_config import RunConfig
 from harness.errors import MissingInputError
-from harness.run.data import open_data, preprocessing
+from harness.run.data import open_data, with_preprocessing
 
 
 @pytest.mark.parametrize("fields, expected", [
@@ -24,11 +24,12 @@ from harness.run.data import open_data, preprocessing
     ({"dataset": "npz:x.npz", "resize": 36, "crop": 32, "interpolation": "nearest"},
      {"resize": 36, "crop": 32, "interpolation": "nearest"}),
 ])
-def test_preprocessing_resolves_the_sources_default_unless_given(fields: dict[str, object],
+def test_the_preprocessing_resolves_to_the_sources_default_unless_given(fields: dict[str, object],
                                                                  expected: dict[str, object]) -> None:
     """What enters the run id and the stored config: given values as they are, else the source's default; the
     interpolation only when something is resized or cropped."""
-    assert preprocessing(RunConfig(**fields)) == expected  # type: ignore[arg-type]
+    cfg = with_preprocessing(RunConfig(**fields))  # type: ignore[arg-type]
+    assert {k: getattr(cfg, k) for k in expected} == expected
 
 
 def test_open_data_reads_the_builtin_split_from_the_data_root(tiny_data_root: Path) -> None:
