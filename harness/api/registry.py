@@ -11,9 +11,9 @@ import fnmatch
 import importlib
 import importlib.util
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from harness.api.factory_options import REQUIRED, options_of
 from harness.api.schema import option_problems
@@ -124,13 +124,7 @@ class Registry(Generic[T]):
             return
         self._loaded = True
         found = entry_points(group=self.group) if self.group else ()
-        for ep in found:  # plugin modules first: their decorators register under their own names
-            if ep.attr is None:
-                try:
-                    importlib.import_module(ep.module)
-                except ImportError as exc:
-                    raise RegistryError(f"{self.kind} plugin module {ep.module!r} (entry point {ep.name!r} in "
-                                        f"group {self.group!r}) could not be imported: {exc}") from exc
+        import_plugin_modules(found, self.kind)  # first: their decorators register under their own names
         for ep in found:
             if ep.attr is not None and ep.name not in self._factories:
                 self._factories[ep.name] = _LazyEntryPoint(ep)
@@ -204,6 +198,18 @@ class _LazyEntryPoint:
 
     def __call__(self, **options: Any) -> Any:
         return self.load()(**options)
+
+
+def import_plugin_modules(found: Iterable[EntryPoint], kind: str) -> None:
+    """Import the modules the entry points ``found`` name without a factory (``name = "package.module"``): a
+    plugin whose import registers what it holds. One that fails to import is a :class:`RegistryError` naming it."""
+    for ep in found:
+        if ep.attr is None:
+            try:
+                importlib.import_module(ep.module)
+            except ImportError as exc:
+                raise RegistryError(f"{kind} plugin module {ep.module!r} (entry point {ep.name!r} in group "
+                                    f"{ep.group!r}) could not be imported: {exc}") from exc
 
 
 def _describe(obj: Any) -> str:

@@ -15,12 +15,12 @@ registration, so a new kind of threat model, with parameters of its own, is a ``
 from __future__ import annotations
 
 import argparse
-import importlib
 import typing
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable, Literal, Mapping, Union
 
+from harness.api.registry import import_plugin_modules
 from harness.api.schema import NO_RULE, Rule, number_or_fraction, problem
 from harness.errors import UsageError
 
@@ -99,12 +99,7 @@ class _Kinds:
     def all(self) -> dict[str, ThreatKind]:
         if not self.loaded:
             self.loaded = True
-            for ep in entry_points(group=PLUGIN_GROUP):
-                try:
-                    importlib.import_module(ep.module)
-                except ImportError as exc:
-                    raise UsageError(f"threat model plugin module {ep.module!r} (entry point {ep.name!r} in group "
-                                     f"{PLUGIN_GROUP!r}) could not be imported: {exc}") from exc
+            import_plugin_modules(entry_points(group=PLUGIN_GROUP), "threat model")
         return self.entries
 
 
@@ -212,7 +207,7 @@ class ThreatSpec:
 
     def pairs(self) -> tuple[tuple[str, ParamValue], ...]:
         """The parameters as sorted ``(name, value)`` pairs."""
-        return tuple(sorted(self.param_values().items()))
+        return tuple(self.param_values().items())  # kept sorted since construction
 
     def params_text(self) -> str:
         """``band=8``: the parameters as a threat model's text writes them (``,``-separated; ``""`` for none), the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 import torch
@@ -53,6 +54,11 @@ class RunContext:
         fresh = verifier.instances()[1] if verifier is not None and stateful else None
         return cls(config, defense, device, threat, probe, verifier, fresh)
 
+    @cached_property
+    def threat_params(self) -> str:
+        """The parameters of the run's threat model as the records write them (``band=8``; ``""`` for none)."""
+        return ThreatSpec.from_config(self.config).params_text()
+
     @property
     def battery(self) -> list[AttackSpec]:
         """The resolved battery's entries, in order."""
@@ -92,7 +98,7 @@ class RunContext:
         """Stage number ``stage`` running ``spec``: its attack built once, its settings resolved once."""
         attack = spec.build(self.config.eps, self.config.norm)
         threat = enforced_threat(spec, attack, self.defense, self.threat)
-        params = ThreatSpec.from_config(self.config).params_text() if threat is self.threat else ""
+        params = self.threat_params if threat is self.threat else ""
         return StagePlan(stage, spec, attack, self.resolve(spec, attack), threat, params)
 
     def plans(self, specs: list[AttackSpec], first_stage: int) -> list[StagePlan]:
