@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from tqdm.auto import tqdm
@@ -78,6 +79,18 @@ def _duration(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+@dataclass(frozen=True)
+class StageDone:
+    """A stage finished on one shard, as the progress counts it: samples attempted and robust after it, ``seconds``
+    for the stage and ``checks`` for the diagnostics after it. A shard's computation returns one per stage, so a
+    process that did not compute it (the Ray driver) can count it too."""
+    stage: str
+    attempted: int
+    robust: int
+    seconds: float
+    checks: float = 0.0
 
 
 class StageLog:
@@ -154,10 +167,9 @@ class StageLog:
         if self.enabled:
             self.log.info("%s: %s, %s: attacking %d samples", self.phase, shard_text(shard, n_shards), stage, attempted)
 
-    def stage_done(self, *, shard: int, n_shards: int, stage: str, size: int, attempted: int, robust: int,
-                   seconds: float, checks: float = 0.0) -> None:
-        """A stage finished on a shard of ``size`` samples: ``seconds`` for the stage, ``checks`` for the diagnostics
-        after it."""
+    def stage_done(self, done: StageDone, *, shard: int, n_shards: int, size: int) -> None:
+        """A stage finished on a shard of ``size`` samples."""
+        stage, attempted, robust, seconds, checks = done.stage, done.attempted, done.robust, done.seconds, done.checks
         self.done += size
         if stage in self.left:
             self.left[stage] -= size

@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Iterable, Mapping, TypedDict
+
+from harness.jsontypes import JSONObject, JSONValue
 
 
 class FlagCode(str, Enum):
@@ -243,7 +245,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # GitHub splits table cells at every unescaped pipe, also in code spans
 
 
-def parse_code(value: Any, *, source: str) -> FlagCode:
+def parse_code(value: object, *, source: str) -> FlagCode:
     """The :class:`FlagCode` stored as ``value``; an unknown code raises naming ``source`` (the file)."""
     try:
         return FlagCode(value)
@@ -252,10 +254,24 @@ def parse_code(value: Any, *, source: str) -> FlagCode:
                          f"{', '.join(c.value for c in all_codes())}") from None
 
 
-def check_codes(flags: Iterable[dict[str, Any]], *, source: str) -> None:
+def check_codes(flags: Iterable[Mapping[str, object]], *, source: str) -> None:
     """Raise (naming ``source``) if any stored flag has a missing or unknown ``code``."""
     for flag in flags:
         parse_code(flag.get("code") if isinstance(flag, dict) else None, source=source)
+
+
+class FlagRecord(TypedDict):
+    """A flag as stored (a shard's side data ``diagnostics``, ``diagnostics.json``): what :meth:`StoredFlag.to_dict`
+    writes."""
+
+    code: str
+    attack: str
+    message: str
+    remedy: str
+    value: JSONValue
+    escalate: list[JSONObject]
+    shard: int
+    stage: int
 
 
 @dataclass(frozen=True)
@@ -268,12 +284,12 @@ class StoredFlag:
     attack: str
     message: str
     remedy: str = ""  # empty: the code's own remedy (EXPLANATIONS)
-    value: Any = math.nan  # the measured value (a number, or what the check reports)
-    escalate: list[dict[str, Any]] = field(default_factory=list)  # battery entries it asks to add
+    value: JSONValue = math.nan  # the measured value (a number, or what the check reports)
+    escalate: list[JSONObject] = field(default_factory=list)  # battery entries it asks to add
     shard: int = 0
     stage: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FlagRecord:
         return {"code": FlagCode(self.code).value, "attack": self.attack, "message": self.message,
                 "remedy": self.remedy or FlagCode(self.code).remedy, "value": self.value, "escalate": list(self.escalate), "shard": self.shard,
                 "stage": self.stage}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.resources
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Mapping
 
 from harness.config.run_config import load_toml
 
@@ -43,11 +43,11 @@ def list_presets(directory: Path | None = None) -> dict[str, str]:
     return out
 
 
-def preset_entries(directory: Path | None = None) -> list[tuple[str, dict[str, Any]]]:
+def preset_entries(directory: Path | None = None) -> list[tuple[str, Mapping[str, object]]]:
     """``(preset, entry)`` for each battery entry whose name is not its attack's (a preset's column such as
     ``pgd-ce`` of ``quick``, which is not an attack name), in every preset (of ``directory``, else of
     :func:`preset_dirs`)."""
-    out = []
+    out: list[tuple[str, Mapping[str, object]]] = []
     for path in sorted(p for d in ([directory] if directory else preset_dirs()) for p in d.glob("*.toml")):
         try:
             entries = load_toml(path).get("attacks", [])

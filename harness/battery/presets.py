@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Mapping, TypedDict, cast
 
 from harness.api.attack import ATTACKS
 from harness.battery.preset_catalog import list_presets, preset_dirs, preset_entries, preset_path
@@ -26,11 +26,17 @@ def battery_file(attacks: str, preset_dir: Path | None = None) -> Path | None:
     return preset_path(attacks, [preset_dir] if preset_dir else preset_dirs())
 
 
-# the run settings a battery file may set at its top, as the run's defaults when the command sets none
-BATTERY_SETTINGS = ("decide_by", "plateau_probe", "plateau_tolerance")
+class BatterySettings(TypedDict, total=False):
+    """The run settings a battery file may set at its top, as the run's defaults when the command sets none."""
+    decide_by: str
+    plateau_probe: float
+    plateau_tolerance: float
 
 
-def battery_settings(attacks: str, preset_dir: Path | None = None) -> dict[str, Any]:
+BATTERY_SETTINGS = tuple(BatterySettings.__annotations__)
+
+
+def battery_settings(attacks: str, preset_dir: Path | None = None) -> BatterySettings:
     """The run settings (:data:`BATTERY_SETTINGS`) a battery file sets at its top, checked against the run's schema;
     empty for attack names or a file that sets none."""
     path = battery_file(attacks, preset_dir)
@@ -40,7 +46,7 @@ def battery_settings(attacks: str, preset_dir: Path | None = None) -> dict[str, 
         check_values(found, source=f"battery file {str(path)!r}")
     except ConfigError as e:  # a setting the run cannot take: the battery file is the user's input to fix
         raise UsageError(str(e)) from None
-    return found
+    return cast(BatterySettings, found)  # checked against the run's schema just above
 
 
 def unknown_name(name: str, preset_dir: Path | None = None) -> str:
@@ -49,26 +55,31 @@ def unknown_name(name: str, preset_dir: Path | None = None) -> str:
     columns = preset_entries(preset_dir)
     entries = [(preset, e) for preset, e in columns if e["name"] == name]
     if not entries:
-        names = [*list_presets(preset_dir), *ATTACKS.names(), *dict.fromkeys(e["name"] for _, e in columns)]
+        names = [*list_presets(preset_dir), *ATTACKS.names(), *dict.fromkeys(str(e["name"]) for _, e in columns)]
         return (f"unknown attack or preset {name!r}{did_you_mean(name, names, containing=True)}; "
                 "`harness list attacks` and `harness list presets` list them")
     where = ", ".join(f"{preset!r} ({_entry_text(e)})" for preset, e in entries)
     preset, entry = entries[0]
     attack = str(entry["attack"])
-    opts = {**entry.get("options", {}), **{k: entry[k] for k in ("grad", "eot", *SCHEDULE_OPTIONS) if k in entry}}
+    opts = {**_table(entry.get("options")), **{k: entry[k] for k in ("grad", "eot", *SCHEDULE_OPTIONS) if k in entry}}
     flags = "".join(f" --attack-opt {attack}.{k}={_literal(v)}" for k, v in opts.items())
     return (f"{name!r} is the name of an entry of the preset{'s' * (len(entries) > 1)} {where}, not an attack; use "
             f"--attacks {preset}, or --attacks {attack}{flags}")
 
 
-def _entry_text(entry: dict[str, Any]) -> str:
+def _table(value: object) -> Mapping[str, object]:
+    """A TOML table of a preset entry (its ``options``); nothing when the entry holds none."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _entry_text(entry: Mapping[str, object]) -> str:
     """``attack pgd with steps=10, loss='ce'`` (a preset entry in words)."""
-    settings = {**entry.get("options", {}), **{k: v for k, v in entry.items() if k not in ("name", "attack", "options")}}
+    settings = {**_table(entry.get("options")), **{k: v for k, v in entry.items() if k not in ("name", "attack", "options")}}
     return f"attack {entry['attack']}" + (f" with {', '.join(f'{k}={v!r}' for k, v in settings.items())}"
                                           if settings else "")
 
 
-def _literal(value: Any) -> str:
+def _literal(value: object) -> str:
     """``value`` as ``--attack-opt`` reads it back (a TOML literal; a string bare where that is unambiguous)."""
     if isinstance(value, bool):
         return str(value).lower()
@@ -91,7 +102,7 @@ def load_preset_file(path: Path) -> list[AttackSpec]:
     return specs
 
 
-def resolve_battery(attacks: str, attack_opts: dict[str, Any] | None = None,
+def resolve_battery(attacks: str, attack_opts: Mapping[str, object] | None = None,
                     preset_dir: Path | None = None) -> list[AttackSpec]:
     """Resolve ``--attacks``: a preset name, a path to a TOML battery, or ``name,name,...`` registry names.
 

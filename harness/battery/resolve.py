@@ -44,6 +44,7 @@ from harness.config.attack_spec import RESOLVER_OPTIONS, AttackSpec  # noqa: F40
 from harness.config.precision import Autocast
 from harness.config.run_config import RunConfig
 from harness.errors import UsageError
+from harness.jsontypes import JSONObject
 from harness.store.records import Columns
 
 NO_GRADIENT = "none"  # recorded gradient mode of attacks that use no gradients of the defense
@@ -59,12 +60,15 @@ class GradientProbe:
     def why_dead(self, mode: str) -> str | None:
         return dict(self.dead).get(mode)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"live": list(self.live), "dead": {m: why for m, why in self.dead}}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "GradientProbe":
-        return cls(tuple(d.get("live", ())), tuple((str(m), str(w)) for m, w in dict(d.get("dead", {})).items()))
+    def from_dict(cls, d: Mapping[str, object]) -> "GradientProbe":
+        """The probe stored as ``d`` (provenance ``preflight.gradients``)."""
+        live, dead = d.get("live", ()), d.get("dead", {})
+        return cls(tuple(str(m) for m in live) if isinstance(live, (list, tuple)) else (),
+                   tuple((str(m), str(w)) for m, w in dead.items()) if isinstance(dead, dict) else ())
 
 
 @dataclass(frozen=True)

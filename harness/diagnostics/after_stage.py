@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.api._seeding import seeded
-from harness.api.flags import FlagCode, StoredFlag
+from harness.api.flags import FlagCode, FlagRecord, StoredFlag
 from harness.diagnostics import escalation
 from harness.diagnostics.answer_checks import disagreement_flag, tie_flag
 from harness.diagnostics.check_table import checks
@@ -84,7 +84,7 @@ def dead_gradient(outcome: StageEvidence, flags: list[Flag]) -> str | None:
 
 
 def clean_flags(ev: Any, agreement: Any, *, shard: int, stochastic: bool = False, name: str = "clean",
-                stage: int = 0) -> list[dict[str, Any]]:
+                stage: int = 0) -> list[FlagRecord]:
     """The flags of the clean stage (ties, a fresh instance disagreeing), in the stored flag format; ``name`` and
     ``stage`` name another stage that evaluates fixed inputs (a corruption, ``harness.run.corruption_stages``)."""
     flags = [f for f in (tie_flag(ev.tied, name), disagreement_flag(agreement, name, stochastic)) if f]

@@ -51,6 +51,7 @@ from harness.api.registry import absolute_spec, spec_file
 from harness.device.memory import halving, peak_bytes, release_memory
 from harness.errors import DoesNotFitError, HarnessError, SetupError, one_line
 from harness.progress import get_logger
+from harness.store.rundata import VerifierSummary
 from harness.watch.guard import Guard, Seen
 
 # what the fork server imports before forking: torch and the engine, never a defense's module
@@ -316,7 +317,7 @@ class IsolatedProcess:
                   total - working, working, _mib(parent_peak), _mib(child_peak))
         return answer
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> VerifierSummary:
         """What the calls cost, for provenance: calls, seconds (all, and starting the processes), peak memory of
         this process and of a new one on the verdict's device, and the batch sizes it backed off to."""
         s = self.spent

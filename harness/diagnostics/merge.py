@@ -7,16 +7,17 @@ import json
 from dataclasses import replace
 from typing import Any, Collection, Iterator, Mapping, Sequence
 
-from harness.api.flags import FlagCode
+from harness.api.flags import FlagCode, FlagRecord
 from harness.config.attack_spec import SCHEDULE_OPTIONS, AttackSpec, options_for
+from harness.store.rundata import RunFlag
 from harness.store.rundir import RunStore
 
 
-def _all_flags(store: RunStore, n_shards: int, preflight: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _all_flags(store: RunStore, n_shards: int, preflight: Sequence[FlagRecord]) -> Iterator[FlagRecord]:
     """The first-batch findings (``harness.diagnostics.preflight``), then every shard's stored flags in shard order."""
     yield from preflight
     for s in range(n_shards):
-        yield from store.read_side(s).get("diagnostics", [])
+        yield from store.read_side(s)["diagnostics"]
 
 
 def _variant(spec: Mapping[str, Any]) -> str:
@@ -30,7 +31,7 @@ def _draws(spec: Mapping[str, Any]) -> int:
 
 
 def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
-                        preflight: Sequence[dict[str, Any]] = (),
+                        preflight: Sequence[FlagRecord] = (),
                         attack_opts: Mapping[str, Any] | None = None) -> list[AttackSpec]:
     """Escalation attacks requested by the first-batch findings and the stored flags of all shards, in that order,
     none named as a battery entry or an earlier escalation; ``attack_opts`` keys ``esc-NAME.KEY`` set options of the
@@ -65,7 +66,7 @@ def collect_escalations(store: RunStore, n_shards: int, base: list[AttackSpec],
 
 
 def requested_by(store: RunStore, n_shards: int, codes: Collection[FlagCode],
-                 preflight: Sequence[dict[str, Any]] = ()) -> set[str]:
+                 preflight: Sequence[FlagRecord] = ()) -> set[str]:
     """The names of the escalations some flag with one of ``codes`` asked for (first-batch findings and every
     shard's flags)."""
     wanted = {c.value for c in codes}
@@ -90,14 +91,14 @@ def in_rungs_of(escalation: AttackSpec, flagged: AttackSpec | None) -> AttackSpe
 
 
 def run_flags(store: RunStore, n_shards: int, escalations: Sequence[AttackSpec],
-              preflight: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+              preflight: Sequence[FlagRecord] = ()) -> list[RunFlag]:
     """Run-level flags: the first-batch findings and, per (code, attack), the shard flags merged, with
     ``escalated`` set when acted upon."""
     # a request is acted upon by the escalation of its variant, or of its name when the user's --attack-opt
     # esc-NAME.KEY changed the escalation's options after it was requested
     added = {_variant(e.to_dict()): e.name for e in escalations}
     names = {e.name for e in escalations}
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    merged: dict[tuple[str, str], RunFlag] = {}
     for flag in _all_flags(store, n_shards, preflight):
         s = int(flag.get("shard") or 0)
         key = (flag.get("code", ""), flag.get("attack", ""))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from harness.api.flags import FlagCode, StoredFlag
+from harness.api.flags import FlagCode, FlagRecord, StoredFlag
 from harness.errors import SideEffectsRefused
 from harness.watch.guard import Seen
 
@@ -32,7 +32,7 @@ def refuse_read_back(seen: Seen, *, allowed: bool, defense: str) -> None:
         "(allow_side_effects=True in Python) to accept a verdict that is not independent")
 
 
-def outside_flags(seen: Seen, *, attack: str, shard: int, stage: int, allowed: bool) -> list[dict[str, object]]:
+def outside_flags(seen: Seen, *, attack: str, shard: int, stage: int, allowed: bool) -> list[FlagRecord]:
     """The stored flags of what ``seen`` holds, for the stage ``attack`` of ``shard``."""
     flags = []
     activity = seen.activity

@@ -39,7 +39,7 @@ from harness.api._seeding import seeded
 from harness.api._validation import check_deterministic, check_logits, defense_name, output_difference
 from harness.api.defense import Defense
 from harness.api.evaluation import TIED, predictions
-from harness.api.flags import FlagCode, StoredFlag
+from harness.api.flags import FlagCode, FlagRecord, StoredFlag
 from harness.api.target import Target
 from harness.api.threat import check_data_in_bounds, project_ball
 from harness.battery.resolve import GradientProbe
@@ -76,7 +76,7 @@ class Preflight:
     the findings, as flag dicts in the stored flag format (``harness.diagnostics.merge``)."""
     probe: GradientProbe
     module_mode: str = "eval"
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[FlagRecord] = field(default_factory=list)
     stateful: bool = False  # answers depend on earlier queries, kept on the object: every pass on a fresh instance
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,7 +89,7 @@ class Preflight:
                    list(d.get("findings", [])), bool(d.get("stateful", False)))
 
 
-def _finding(code: FlagCode, message: str, value: float = math.nan, setting: Setting | None = None) -> dict[str, Any]:
+def _finding(code: FlagCode, message: str, value: float = math.nan, setting: Setting | None = None) -> FlagRecord:
     """A finding in the stored flag format, with the code's remedy and, given the run's ``setting``, the escalations
     its code adds (``harness.diagnostics.escalation``, the rules every flag goes through)."""
     flag = Flag(code, "preflight", message, value)
@@ -197,7 +197,7 @@ def _history_dependence(defense: Defense, x: Tensor, run: FirstBatch, fresh: Cal
     return in_object, in_process
 
 
-def _state_finding(in_object: float, in_process: float) -> dict[str, Any] | None:
+def _state_finding(in_object: float, in_process: float) -> FlagRecord | None:
     """The ``keeps-state`` finding, naming where the state was found (:class:`StateKept`), or None."""
     if in_object > 0:
         where, diff = StateKept.OBJECT, in_object
@@ -234,7 +234,7 @@ def _grad_changes_output(defense: Defense, x: Tensor, seed: int) -> float:
 
 
 def _gradient_mispredicts(target: Target, x: Tensor, y: Tensor, run: FirstBatch,
-                          setting: Setting) -> list[dict[str, Any]]:
+                          setting: Setting) -> list[FlagRecord]:
     """The ``gradient-mispredicts`` finding when the exact gradient does not predict the loss's change under small
     steps (:func:`harness.diagnostics.gradient_measures.taylor_agreement`); BPDA and surrogate modes, whose gradients differ
     from the forward pass by design, are not judged."""
@@ -318,11 +318,11 @@ def _preflight(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, fresh: C
 
 
 def _instance_findings(defense: Defense, x: Tensor, run: FirstBatch, mode: str, fresh: Callable[[], Defense] | None,
-                       remote: Remote | None) -> tuple[list[dict[str, Any]], bool]:
+                       remote: Remote | None) -> tuple[list[FlagRecord], bool]:
     """The findings about the instance handed over (its module mode, writes into its input, state it keeps, compared
     with ``fresh`` instances and one in a new process, ``remote``) and whether it keeps state on its object (then
     every pass runs on a fresh instance)."""
-    findings: list[dict[str, Any]] = []
+    findings: list[FlagRecord] = []
     if mode == "train" and training_modules(defense):
         findings.append(_finding(FlagCode.MODULE_MODE, f"{len(training_modules(defense))} module(s) evaluated in "
                                  "training mode, as handed over (--module-mode train); dropout or batch statistics "
@@ -355,7 +355,7 @@ def _refuse_non_functions(defense: Defense, x: Tensor, run: FirstBatch) -> Tenso
 
 
 def _gradient_findings(defense: Defense, x: Tensor, y: Tensor, run: FirstBatch, instance: Callable[[], Defense] | None,
-                       setting: Setting) -> tuple[GradientProbe, list[dict[str, Any]]]:
+                       setting: Setting) -> tuple[GradientProbe, list[FlagRecord]]:
     """The gradient modes that reach the input and the findings about them (dead modes, none live, an exact
     gradient that mispredicts the loss), each with the escalations its code adds in ``setting``; ``instance``: a
     fresh instance per pass (a defense that keeps state)."""

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from harness.device.memory import asked_for, halving
 from harness.errors import DoesNotFitError, one_line
 from harness.progress import get_logger
+from harness.store.rundata import BatchSizeEntry
 
 log = get_logger("runner")
 T = TypeVar("T")
@@ -32,10 +33,10 @@ class Batching:
     defense runs out of memory, then halved. ``record`` stores each back-off in the provenance (set once the run
     directory is open; back-offs before that wait in ``pending``)."""
     size: int
-    record: Callable[[dict[str, Any]], None] | None = None
-    pending: list[dict[str, Any]] = field(default_factory=list)
+    record: Callable[[BatchSizeEntry], None] | None = None
+    pending: list[BatchSizeEntry] = field(default_factory=list)
 
-    def attach(self, record: Callable[[dict[str, Any]], None]) -> None:
+    def attach(self, record: Callable[[BatchSizeEntry], None]) -> None:
         """Record back-offs through ``record`` from now on, and the ones made before."""
         self.record = record
         for entry in self.pending:
@@ -62,7 +63,7 @@ class Batching:
         log.warning("out of memory in %s at batch size %d%s: starting it again at batch size %d, kept for the rest of "
                     "the run (as with --batch-size %d; recorded in provenance.json)", where, old, need, self.size,
                     self.size)
-        entry = {"batch_size": self.size, "from": where, "error": f"{type(exc).__name__}: {one_line(exc)}"[:500],
+        entry: BatchSizeEntry = {"batch_size": self.size, "from": where, "error": f"{type(exc).__name__}: {one_line(exc)}"[:500],
                  "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         if self.record is None:
             self.pending.append(entry)
@@ -70,7 +71,7 @@ class Batching:
             self.record(entry)
 
 
-def resumed_size(entries: list[dict[str, Any]] | None, batch_size: int) -> int:
+def resumed_size(entries: list[BatchSizeEntry] | None, batch_size: int) -> int:
     """The size a process of a run starts at: the last recorded in its provenance (``entries``, starting with the
     run's ``--batch-size``), else ``batch_size``."""
     if not entries or int(entries[0].get("batch_size", 0)) != batch_size:

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
+from harness.api.flags import FlagRecord
 from harness.diagnostics import after_stage as diagnostics
 from harness.diagnostics.outside import outside_flags, refuse_read_back
-from harness.progress import get_logger, shard_text
+from harness.progress import StageDone, get_logger, shard_text
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, records_frame
 from harness.run.kept import Kept
@@ -26,8 +26,18 @@ from harness.run.rungs import run_rung_stage
 from harness.run.schedule import stage_extras
 from harness.run.stage import StageOutcome, clean_stage, flag_dict, run_stage, skipped_stage
 from harness.stats.scoring import attackable_after, stages
-from harness.store.partial import bytes_frame, drop_partial, frame_bytes, load_partial, save_partial
-from harness.store.records import COLUMNS
+from harness.store.partial import (
+    PartialKey,
+    RungSnapshot,
+    bytes_frame,
+    drop_partial,
+    frame_bytes,
+    load_partial,
+    partial_path,
+    save_partial,
+)
+from harness.store.records import COLUMNS, Columns
+from harness.store.rundata import KeptInputs, ShardSide, StageParts, checked, new_side
 
 log = get_logger("runner")
 
@@ -51,16 +61,16 @@ class ShardState:
     many stages of the work are done (with a rung's progress inside the next one)."""
     batch: ShardBatch
     frames: list[pd.DataFrame]
-    side: dict[str, Any]
+    side: ShardSide
     robust: Tensor
     adv: Kept | None = None
     dead: tuple[str, str] | None = None
     done: int = 0
-    rung: dict[str, Any] | None = None
-    summary: list[dict[str, Any]] = field(default_factory=list)
+    rung: RungSnapshot | None = None
+    summary: list[StageDone] = field(default_factory=list)
 
 
-def compute_shard(host: ShardHost, work: ShardWork) -> list[dict[str, Any]]:
+def compute_shard(host: ShardHost, work: ShardWork) -> list[StageDone]:
     """Compute ``work`` and write the shard (the caller holds its lock); returns per-stage counts (progress)."""
     state, key = _shard_state(host, work)
     for k in range(state.done, len(work.plans)):
@@ -73,7 +83,7 @@ def compute_shard(host: ShardHost, work: ShardWork) -> list[dict[str, Any]]:
     return state.summary
 
 
-def _shard_state(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str, Any]]:
+def _shard_state(host: ShardHost, work: ShardWork) -> tuple[ShardState, PartialKey]:
     """The shard's state before its first stage to compute: its stored partial progress, else its clean stage
     (a new shard), else its stored stages (a later phase)."""
     context, shard, indices = host.context, work.shard, work.indices
@@ -81,14 +91,16 @@ def _shard_state(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str
     x, y = host.data.get(indices, context.device)
     anchors = host.data.get(indices, context.device)[0]  # re-read: what the verdict checks the balls against
     batch = ShardBatch(shard, as_input(x, cfg.channels_last), y, host.batching.size, anchors, tuple(indices))
-    key = {"first_stage": work.plans[0].stage if work.plans else 0, "names": [p.name for p in work.plans],
-           "indices": [int(i) for i in indices], "batch_size": batch.batch_size}  # other batch sizes: not continued
+    key: PartialKey = {"first_stage": work.plans[0].stage if work.plans else 0, "names": [p.name for p in work.plans],
+                       "indices": [int(i) for i in indices],
+                       "batch_size": batch.batch_size}  # other batch sizes: not continued
     stored = load_partial(host.store.records_dir, shard, key)
     if stored is not None:  # continue where an interrupted computation of this shard stopped
         log.info("%s: continuing after %d stored stage(s)", shard_text(shard, host.n_shards), stored["done"])
-        state = ShardState(batch, [bytes_frame(stored["frames"])], json.loads(stored["side"]),
+        side = checked(json.loads(stored["side"]), ShardSide, str(partial_path(host.store.records_dir, shard)))
+        state = ShardState(batch, [bytes_frame(stored["frames"])], side,
                            stored["robust"].to(context.device), _kept(host, batch, stored.get("adv")),
-                           tuple(stored["dead"]) if stored.get("dead") else None,
+                           _dead(stored["dead"]),
                            int(stored["done"]), stored.get("rung"))
     elif work.prior is None:
         state = _clean(host, batch, indices)
@@ -99,7 +111,7 @@ def _shard_state(host: ShardHost, work: ShardWork) -> tuple[ShardState, dict[str
     return state, key
 
 
-def _kept(host: ShardHost, batch: ShardBatch, stored: dict[str, Any] | None) -> Kept | None:
+def _kept(host: ShardHost, batch: ShardBatch, stored: KeptInputs | None) -> Kept | None:
     """The shard's kept inputs (``stored`` ones continued), or None when the run keeps none."""
     context = host.context
     if not context.config.save_adversarials:
@@ -111,7 +123,7 @@ def _kept(host: ShardHost, batch: ShardBatch, stored: dict[str, Any] | None) -> 
 def _clean(host: ShardHost, batch: ShardBatch, indices: list[int]) -> ShardState:
     context = host.context
     cols, ev, agreement = clean_stage(context, batch)
-    side: dict[str, Any] = {"stages": ["clean"], "attacks": {}, "diagnostics": []}
+    side = new_side()
     side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=batch.shard,
                                                        stochastic=context.defense.stochastic))
     side["diagnostics"].extend(_outside(host, "clean", batch.shard, 0))
@@ -126,20 +138,24 @@ def _resumed(host: ShardHost, batch: ShardBatch, work: ShardWork) -> ShardState:
     old, done = host.store.read_side(batch.shard), int(prior.stage.max())
     names = [attack for _, attack in stages(prior)]
     # side data may be ahead of the Parquet file if a rewrite was interrupted: keep only finished stages
-    side = {"stages": names, "attacks": {k: v for k, v in old["attacks"].items() if k in names},
-            "diagnostics": [f for f in old["diagnostics"] if f.get("stage", 0) <= done]}
-    dead = None
-    if old.get("dead"):
-        side["dead"] = old["dead"]
-        dead = (str(old["dead"][0]), str(old["dead"][1]))
+    side: ShardSide = {"stages": names, "attacks": {k: v for k, v in old["attacks"].items() if k in names},
+                       "diagnostics": [f for f in old["diagnostics"] if f.get("stage", 0) <= done]}
+    dead = _dead(old.get("dead"))
+    if dead is not None:
+        side["dead"] = list(dead)
     state = attackable_after(prior, host.context.decide_by)  # the cascade's state after the stored stages
     robust = torch.tensor(state.loc[work.indices].to_numpy(), device=host.context.device)
     adv = host.store.read_adversarials(batch.shard) if host.context.config.save_adversarials else None
     return ShardState(batch, [prior[COLUMNS]], side, robust, _kept(host, batch, adv), dead)
 
 
-def _save(host: ShardHost, work: ShardWork, state: ShardState, key: dict[str, Any], done: int,
-          rung: dict[str, Any] | None = None) -> None:
+def _dead(stored: list[str] | None) -> tuple[str, str] | None:
+    """The gradient mode found dead on a shard and why, as its side data or progress stores it."""
+    return (str(stored[0]), str(stored[1])) if stored else None
+
+
+def _save(host: ShardHost, work: ShardWork, state: ShardState, key: PartialKey, done: int,
+          rung: RungSnapshot | None = None) -> None:
     save_partial(host.store.records_dir, work.shard, key, {
         "done": done, "frames": frame_bytes(pd.concat(state.frames, ignore_index=True)),
         "side": json.dumps(state.side), "robust": state.robust.cpu(), "dead": list(state.dead) if state.dead else None,
@@ -154,7 +170,7 @@ def _why_skip(host: ShardHost, plan: StagePlan, state: ShardState) -> str:
     return state.dead[1] if state.dead is not None and plan.follows(state.dead[0]) else ""
 
 
-def _stage(host: ShardHost, work: ShardWork, state: ShardState, k: int, key: dict[str, Any]) -> None:
+def _stage(host: ShardHost, work: ShardWork, state: ShardState, k: int, key: PartialKey) -> None:
     """Stage ``k`` of ``work``: skipped with its reason, or run (in rungs when it has them) and recorded."""
     plan, context = work.plans[k], host.context
     why = _why_skip(host, plan, state)
@@ -168,7 +184,7 @@ def _stage(host: ShardHost, work: ShardWork, state: ShardState, k: int, key: dic
         before, deferred = before & members, before & ~members
     host.progress.stage_start(shard=work.shard, n_shards=host.n_shards, stage=plan.name, attempted=int(before.sum()))
     t0 = host.clock()
-    extra: dict[str, Any] = {}
+    extra: StageParts = {}
     if plan.rungs:
         resume = state.rung if k == state.done else None
         outcome, cols, extra["rungs"] = run_rung_stage(
@@ -182,13 +198,13 @@ def _stage(host: ShardHost, work: ShardWork, state: ShardState, k: int, key: dic
         extra["probe"] = work.probe.info(int(before.sum()))
     seconds, t0 = host.clock() - t0, host.clock()  # the stage, then its diagnostics
     _record(host, work, state, outcome, cols, extra)
-    state.summary.append(dict(stage=plan.name, attempted=int(outcome.robust_before.sum()),
-                              robust=int(outcome.robust_after.sum()), seconds=seconds, checks=host.clock() - t0))
-    host.stage_done(shard=work.shard, n_shards=host.n_shards, size=len(work.indices), **state.summary[-1])
+    state.summary.append(StageDone(plan.name, int(outcome.robust_before.sum()), int(outcome.robust_after.sum()),
+                                   seconds, host.clock() - t0))
+    host.stage_done(state.summary[-1], shard=work.shard, size=len(work.indices))
 
 
-def _record(host: ShardHost, work: ShardWork, state: ShardState, outcome: StageOutcome, cols: dict[str, Any],
-            extra: dict[str, Any]) -> None:
+def _record(host: ShardHost, work: ShardWork, state: ShardState, outcome: StageOutcome, cols: Columns,
+            extra: StageParts) -> None:
     """A stage's rows, side data, flags and adversarials into the shard's state; the dead gradient mode it found."""
     cfg, name = host.context.config, outcome.attack_name
     if not cfg.every_attack:
@@ -211,7 +227,7 @@ def _record(host: ShardHost, work: ShardWork, state: ShardState, outcome: StageO
     host.bar(name).update(len(work.indices))
 
 
-def _outside(host: ShardHost, attack: str, shard: int, stage: int) -> list[dict[str, Any]]:
+def _outside(host: ShardHost, attack: str, shard: int, stage: int) -> list[FlagRecord]:
     """The flags of what the defense's calls did outside their answers since the last stage (and in the verifier's
     processes); refuses the run when it read back what it wrote, unless the run allows it."""
     context = host.context
@@ -231,5 +247,5 @@ def _record_skip(host: ShardHost, work: ShardWork, state: ShardState, plan: Stag
         state.adv.stage(plan.name, plan.stage, state.batch.x[:0], torch.zeros(n, dtype=torch.bool))
     host.bar(plan.name).update(n)
     log.info("%s, %s: skipped, %s", shard_text(work.shard, host.n_shards), plan.name, why)
-    state.summary.append(dict(stage=plan.name, attempted=0, robust=int(state.robust.sum()), seconds=0.0, checks=0.0))
-    host.stage_done(shard=work.shard, n_shards=host.n_shards, size=n, **state.summary[-1])
+    state.summary.append(StageDone(plan.name, 0, int(state.robust.sum()), 0.0))
+    host.stage_done(state.summary[-1], shard=work.shard, size=n)

@@ -27,7 +27,7 @@ from harness.api.attack import perturbation_norms
 from harness.config.run_config import RunConfig, RunMode, run_mode
 from harness.diagnostics import after_stage as diagnostics
 from harness.errors import DataError, UsageError
-from harness.progress import get_logger, shard_text
+from harness.progress import StageDone, get_logger, shard_text
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, records_frame
 from harness.run.phases import Phase, PhaseKind, PhaseSteps
@@ -37,6 +37,7 @@ from harness.sources.corruptions import CorruptionCache, cell_name, cells, resol
 from harness.sources.datasets import DataSource, TestSet
 from harness.sources.hashing import hash_arrays
 from harness.store.fingerprint import Fingerprint
+from harness.store.rundata import new_side
 from harness.store.rundir import ShardLayout
 
 log = get_logger("runner")
@@ -136,7 +137,7 @@ def steps(host: ShardHost, corrupted: Corrupted, phase: Phase) -> PhaseSteps:
                       lambda s, idx: run_shard(host, corrupted, s, idx))
 
 
-def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[int]) -> list[dict[str, Any]]:
+def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[int]) -> list[StageDone]:
     """The clean stage and every corruption stage of one shard, written as one shard (caller holds its lock)."""
     context = host.context
     defense, device, channels_last = context.defense, context.device, context.config.channels_last
@@ -145,8 +146,8 @@ def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[i
     cols, ev, agreement = clean_stage(context, ShardBatch(shard, as_input(clean.clone(), channels_last), y,
                                                           host.batching.size, anchors))
     frames = [records_frame(cols, indices, y, shard, 0, "clean")]
-    side: dict[str, Any] = {"stages": ["clean"], "attacks": {}, "diagnostics": diagnostics.clean_flags(
-        ev, agreement, shard=shard, stochastic=defense.stochastic)}
+    side = new_side()
+    side["diagnostics"] += diagnostics.clean_flags(ev, agreement, shard=shard, stochastic=defense.stochastic)
     summary = []
     for stage, (corruption, severity) in enumerate(corrupted.cells, start=1):
         name, n = cell_name(corruption, severity), len(indices)
@@ -165,7 +166,7 @@ def run_shard(host: ShardHost, corrupted: Corrupted, shard: int, indices: list[i
         side["diagnostics"].extend(diagnostics.clean_flags(ev, agreement, shard=shard, stochastic=defense.stochastic,
                                                            name=name, stage=stage))
         host.bar(name).update(n)
-        summary.append(dict(stage=name, attempted=n, robust=robust, seconds=time.monotonic() - t0, checks=0.0))
-        host.stage_done(shard=shard, n_shards=host.n_shards, size=n, **summary[-1])
+        summary.append(StageDone(name, attempted=n, robust=robust, seconds=time.monotonic() - t0))
+        host.stage_done(summary[-1], shard=shard, size=n)
     host.store.write_shard(shard, pd.concat(frames, ignore_index=True), side, None)
     return summary

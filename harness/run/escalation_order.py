@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Collection, Sequence
+from typing import Collection, Sequence
 
+from harness.api.flags import FlagRecord
 from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.diagnostics.merge import collect_escalations
@@ -80,7 +81,7 @@ def probed(spec: AttackSpec) -> AttackSpec:
     return dataclasses.replace(spec, probe=ESCALATION_PROBE)
 
 
-def first_batch_stages(cfg: RunConfig, store: RunStore, findings: Sequence[dict[str, Any]]) -> RunConfig:
+def first_batch_stages(cfg: RunConfig, store: RunStore, findings: Sequence[FlagRecord]) -> RunConfig:
     """``cfg`` with the gradient escalations the first-batch ``findings`` ask for (rule 0) as the first battery
     entries; ``cfg`` itself when they ask for none, when escalation is off, or in a run without attacks. A new
     config: ``cfg`` is not changed."""

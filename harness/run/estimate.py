@@ -36,19 +36,22 @@ import math
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from harness.api.flags import FlagRecord
 from harness.config.attack_spec import AttackSpec, options_for
 from harness.diagnostics import escalation
 from harness.diagnostics.evidence import Setting, has_auxiliary_losses
 from harness.diagnostics.merge import collect_escalations
+from harness.progress import StageDone
 from harness.run.fullcost import Calibration, FullCost
 from harness.run.phases import ATTACKS, ESCALATION
 from harness.run.plan import RunContext
 from harness.run.shard_phases import RunShards
 from harness.sources.datasets import DataSource
+from harness.store.rundata import ShardSide
 from harness.store.rundir import RunStore
 
 CALIBRATION_SAMPLES = 64  # the most calibration samples by default
@@ -180,7 +183,7 @@ def duration(seconds: float) -> str:
 
 
 def estimate(context: RunContext, data: DataSource, indices: list[int], *, samples: int | None = None,
-             findings: Sequence[dict[str, Any]] = (), clock: Callable[[], float] | None = None) -> Estimate:
+             findings: Sequence[FlagRecord] = (), clock: Callable[[], float] | None = None) -> Estimate:
     """Price every stage at its whole budget (:mod:`harness.run.fullcost`), compute the first ``samples`` of
     ``indices`` (default: :func:`calibration_samples`, fewer when that could take more than
     ``CALIBRATION_SECONDS``) as the run's first shard, escalations included, and scale to ``len(indices)``.
@@ -219,7 +222,7 @@ def estimate(context: RunContext, data: DataSource, indices: list[int], *, sampl
                 done += ctx.steps(ESCALATION).work(0, indices[:k])
                 wall += clock() - t0
                 side = store.read_side(0)
-            why = _reasons([*findings, *side.get("diagnostics", [])], len(base))
+            why = _reasons([*findings, *side["diagnostics"]], len(base))
             costs = [StageCost("clean", cal.clean_seconds, 1.0, "clean", "always", cal.clean_seconds,
                                "measured on the calibration batch")]
             costs += _stage_costs([*base, *fired] if run_fired else base, len(base), done, side, full, why, k)
@@ -229,12 +232,12 @@ def estimate(context: RunContext, data: DataSource, indices: list[int], *, sampl
                 costs += _possible(cal, base, {c.name for c in costs}, left / k)
         finally:
             ctx.close()
-    checks = max(0.0, wall - cal.clean_seconds * k - sum(r["seconds"] for r in done))
+    checks = max(0.0, wall - cal.clean_seconds * k - sum(r.seconds for r in done))
     return Estimate(n, k, costs, clock() - start, checks, math.ceil(n / cfg.shard_size),
                     min(cfg.batch_size, cfg.shard_size, n), at_worst if capped else 0.0)
 
 
-def _stage_costs(specs: list[AttackSpec], n_base: int, done: list[dict[str, Any]], side: dict[str, Any],
+def _stage_costs(specs: list[AttackSpec], n_base: int, done: list[StageDone], side: ShardSide,
                  full: dict[str, FullCost | None], why: dict[str, list[str]], k: int) -> list[StageCost]:
     """The battery's and the fired escalations' costs: measured per attempted sample in the calibration cascade
     (the whole-budget price where the cascade left it nothing), and priced at the whole budget for the worst case."""
@@ -246,13 +249,14 @@ def _stage_costs(specs: list[AttackSpec], n_base: int, done: list[dict[str, Any]
             reason += "; probed: timed on every survivor, its cost if its probe breaks one (else on the probe only)"
         price = full.get(spec.name)
         worst, how = (price.seconds, price.how) if price is not None else (0.0, "skipped by the run")
-        skipped = side["attacks"].get(spec.name, {}).get("skipped", "")
+        tally = side["attacks"].get(spec.name)
+        skipped = tally.get("skipped", "") if tally is not None else ""
         if skipped:
             costs.append(StageCost(spec.name, 0.0, 0.0, kind, f"{reason}; skipped on the calibration batch: {skipped}",
                                    worst, how))
-        elif row["attempted"]:
-            per = row["seconds"] / row["attempted"]
-            costs.append(StageCost(spec.name, per, row["attempted"] / k, kind, reason, max(per, worst), how))
+        elif row.attempted:
+            per = row.seconds / row.attempted
+            costs.append(StageCost(spec.name, per, row.attempted / k, kind, reason, max(per, worst), how))
         else:
             costs.append(StageCost(spec.name, worst, 0.0, kind, f"{reason}; the cascade left it no sample", worst,
                                    how))
@@ -274,16 +278,16 @@ def _not_run(fired: list[AttackSpec], full: dict[str, FullCost | None], why: dic
     return out
 
 
-def _reasons(flags: Sequence[dict[str, Any]], n_base: int) -> dict[str, list[str]]:
+def _reasons(flags: Sequence[FlagRecord], n_base: int) -> dict[str, list[str]]:
     """Per escalation name: the flags that asked for it (``code on attack``), as ``collect_escalations`` reads them."""
     out: dict[str, list[str]] = {}
     for flag in flags:
         if flag.get("stage", 0) > n_base:
             continue
         for spec in flag.get("escalate", []):
-            what = f"{flag.get('code')} on {flag.get('attack') or 'the first batch'}"
-            if what not in out.setdefault(spec["name"], []):
-                out[spec["name"]].append(what)
+            what, asked = f"{flag.get('code')} on {flag.get('attack') or 'the first batch'}", str(spec["name"])
+            if what not in out.setdefault(asked, []):
+                out[asked].append(what)
     return out
 
 

@@ -15,10 +15,12 @@ every Ray node sees at the same path (the driver hands them to the tasks as abso
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import platform
+from dataclasses import dataclass
 from typing import Any, Iterator, Protocol
 
 from harness.api.defense import create_defense
@@ -26,7 +28,7 @@ from harness.api.registry import absolute_spec
 from harness.config.run_config import RunConfig
 from harness.diagnostics.preflight import Preflight
 from harness.errors import HarnessError, SetupError, UsageError
-from harness.progress import progress_bar, shard_text
+from harness.progress import StageDone, progress_bar, shard_text
 from harness.run._acceleration import resolve_device
 from harness.run._memory import Batching, resumed_size
 from harness.run._placement import Placed, place_checked
@@ -135,7 +137,7 @@ class RayExecutor:
         try:
             if not todo:
                 return
-            job = job_spec(ctx, len(shards))
+            job = RayJob.of(ctx, len(shards))
             pending = {self.task.remote(job, phase, s, shards[s]): s for s in todo}
             try:
                 while pending:
@@ -147,7 +149,7 @@ class RayExecutor:
                         if stages is None:  # another process finished it meanwhile
                             ctx.progress.skipped(len(shards[s]) * len(steps.names))
                         for stage in stages or []:
-                            ctx.progress.stage_done(shard=s, n_shards=len(shards), size=len(shards[s]), **stage)
+                            ctx.progress.stage_done(stage, shard=s, n_shards=len(shards), size=len(shards[s]))
             except BaseException:  # Ctrl-C or a failed shard: stop the rest (a cancelled task writes nothing)
                 for ref in pending:
                     self.ray.cancel(ref)
@@ -155,10 +157,10 @@ class RayExecutor:
         finally:
             bar.close()
 
-    def _result(self, ref: Any, shard: int, n_shards: int) -> list[dict[str, Any]] | None:
+    def _result(self, ref: Any, shard: int, n_shards: int) -> list[StageDone] | None:
         errors = self.ray.exceptions
         try:
-            result: list[dict[str, Any]] | None = self.ray.get(ref)
+            result: list[StageDone] | None = self.ray.get(ref)
             return result
         except errors.RayTaskError as exc:  # the task raised: report the error itself, not Ray's wrapping
             cause = exc.cause
@@ -200,36 +202,44 @@ def _loopback() -> Iterator[None]:
             os.environ[var] = old_env
 
 
-def job_spec(ctx: RunShards, n_shards: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RayJob:
     """What a task needs: the run's resolved config (its battery, criterion, repeats and escalations as the driver
-    resolved them; paths made absolute) and the run directory. A worker builds its defense from the config and its
-    context from the driver's first-batch checks, stored in provenance; it resolves nothing again."""
-    cfg = ctx.context.config.to_dict()
-    cfg["defense"] = absolute_spec(cfg["defense"])  # a file.py:factory spec: its file, absolute
-    cfg.update(quiet=True, data_root=str(resolve_root(cfg["data_root"]).resolve()))
-    return {"config": cfg, "run_dir": str(ctx.store.dir.resolve()), "n_shards": n_shards}
+    resolved them; paths made absolute), the run directory and its number of shards. A worker builds its defense from
+    the config and its context from the driver's first-batch checks, stored in provenance; it resolves nothing
+    again."""
+    config: RunConfig
+    run_dir: str
+    n_shards: int
+
+    @classmethod
+    def of(cls, ctx: RunShards, n_shards: int) -> RayJob:
+        cfg = ctx.context.config
+        cfg = dataclasses.replace(cfg, defense=absolute_spec(cfg.defense),  # a file.py:factory spec: its file, absolute
+                                  quiet=True, data_root=str(resolve_root(cfg.data_root).resolve()))
+        return cls(cfg, str(ctx.store.dir.resolve()), n_shards)
 
 
 _BUILT: dict[str, tuple[Any, Any]] = {}  # per worker process: the last run's placed defense and its data
 
 
-def shard_task(job: dict[str, Any], phase: Phase, shard: int, indices: list[int]) -> list[dict[str, Any]] | None:
+def shard_task(job: RayJob, phase: Phase, shard: int, indices: list[int]) -> list[StageDone] | None:
     """The Ray task: compute ``phase`` of one shard and write it into the run directory, by the shard protocol
     (:func:`harness.store.shards.take`, waiting for a lock another process holds); returns the per-stage counts,
     or None when the shard was done already."""
     import ray
     import torch
 
-    cfg = RunConfig(**job["config"])
-    placed, data = _build(cfg, job["run_dir"])
+    cfg = job.config
+    placed, data = _build(cfg, job.run_dir)
     resources = ray.get_runtime_context().get_assigned_resources()  # type: ignore[no-untyped-call]
     torch.set_num_threads(max(1, int(resources.get("CPU", 1))))
-    store = RunStore(job["run_dir"])  # the batch size where the run is now (harness.run._memory)
+    store = RunStore(job.run_dir)  # the batch size where the run is now (harness.run._memory)
     batching = Batching(resumed_size(load_provenance(store.dir).get("batch_sizes"), cfg.batch_size))
     batching.attach(store.record_batch_size)
-    ctx = RunShards(placed.context(cfg), data, store, job["n_shards"], n=len(indices), batching=batching)
+    ctx = RunShards(placed.context(cfg), data, store, job.n_shards, n=len(indices), batching=batching)
     steps = ctx.steps(phase)
-    out: list[list[dict[str, Any]]] = []
+    out: list[list[StageDone]] = []
     take(store, shard, indices, ShardJob(steps.done, lambda s, idx: out.append(steps.work(s, idx))), blocking=True)
     return out[0] if out else None
 

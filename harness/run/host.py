@@ -4,13 +4,13 @@ The cascade (:mod:`harness.run.cascade`), a probe's extension (:mod:`harness.run
 (:mod:`harness.run.corruption_stages`) are typed against it instead of reaching into the runner."""
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from harness.progress import Bar, StageLog
+from harness.progress import Bar, StageDone, StageLog
 from harness.run._memory import Batching
 from harness.run.plan import RunContext
 from harness.sources.datasets import DataSource
@@ -30,8 +30,8 @@ class ShardHost(Protocol):
     def bar(self, name: str) -> Bar:
         """The progress bar of attack ``name``."""
 
-    def stage_done(self, **summary: Any) -> None:
-        """Count a finished stage of a shard in the progress."""
+    def stage_done(self, done: StageDone, *, shard: int, size: int) -> None:
+        """Count stage ``done`` of ``shard`` (``size`` samples) in the progress."""
 
 
 def records_frame(cols: Columns, indices: list[int], y: Tensor, shard: int, stage: int, name: str) -> pd.DataFrame:

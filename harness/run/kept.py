@@ -8,13 +8,12 @@ size) stores the same images.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from harness.api._seeding import SEED_GALLERY, derive_seed, seeded
 from harness.api.defense import Defense
+from harness.store.rundata import KeptInputs
 
 CLEAN = "clean"  # the key of the purifier's output on the clean images
 
@@ -33,14 +32,14 @@ def purified(defense: Defense, x: Tensor, *, seed: int, batch_size: int) -> Tens
 
 
 class Kept:
-    """The kept inputs of one shard, as stored: ``{"index", "x", "x_adv": {stage: ...}, "purified": {...}}``."""
+    """The kept inputs of one shard, as stored (:class:`harness.store.rundata.KeptInputs`)."""
 
-    def __init__(self, stored: dict[str, Any], defense: Defense, *, run_seed: int, shard: int, batch_size: int) -> None:
+    def __init__(self, stored: KeptInputs, defense: Defense, *, run_seed: int, shard: int, batch_size: int) -> None:
         self.stored, self.defense, self.batch_size = stored, defense, batch_size
         self.run_seed, self.shard = run_seed, shard
 
     @classmethod
-    def open(cls, stored: dict[str, Any] | None, indices: list[int], x: Tensor, defense: Defense, *, run_seed: int,
+    def open(cls, stored: KeptInputs | None, indices: list[int], x: Tensor, defense: Defense, *, run_seed: int,
              shard: int, batch_size: int) -> Kept:
         """A shard's kept inputs: ``stored`` ones continued, else new ones holding the clean images ``x`` and the
         purifier's output on them (files written before the clean images were kept get them added)."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable
+from typing import Callable
+
+from harness.progress import StageDone
 
 
 class PhaseKind(Enum):
@@ -39,4 +41,4 @@ class PhaseSteps:
     which returns the per-stage counts of the progress."""
     names: tuple[str, ...]
     done: Callable[[int], bool]
-    work: Callable[[int, list[int]], Any]
+    work: Callable[[int, list[int]], list[StageDone]]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +29,7 @@ from harness.api._seeding import SEED_PROBE, derive_seed
 from harness.api.flags import FlagCode, StoredFlag
 from harness.config.attack_spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
+from harness.progress import StageDone
 from harness.run._acceleration import as_input
 from harness.run.host import ShardHost, records_frame
 from harness.run.kept import Kept
@@ -39,6 +39,7 @@ from harness.run.stage import flag_dict, run_stage
 from harness.stats.intervals import clopper_pearson
 from harness.stats.scoring import attackable_after
 from harness.store.records import COLUMNS, PROBE_SKIP
+from harness.store.rundata import ProbeInfo, ShardSide
 from harness.store.rundir import RunStore
 
 
@@ -84,12 +85,13 @@ class ProbePlan:
         return (f"{PROBE_SKIP} {self.attack} broke none of the {self.probed} samples probed at random from the "
                 f"{self.survivors} still robust over the run, so it was not run on the others")
 
-    def info(self, members_here: int) -> dict[str, Any]:
+    def info(self, members_here: int) -> ProbeInfo:
         """The side data of the stage on a shard with ``members_here`` members."""
-        out: dict[str, Any] = {"survivors": self.survivors, "probed": self.probed, "members": members_here}
+        out: ProbeInfo = {"survivors": self.survivors, "probed": self.probed, "members": members_here}
         if self.broken is not None:
-            out.update(broken=self.broken, extended=bool(self.broken) or self.probed == self.survivors)
-            if not out["extended"]:
+            extended = bool(self.broken) or self.probed == self.survivors
+            out["broken"], out["extended"] = self.broken, extended
+            if not extended:
                 out["bound"] = probe_bound(self.probed)
         return out
 
@@ -112,7 +114,7 @@ def plan_probe(store: RunStore, n_shards: int, spec: AttackSpec, stage: int, *, 
 
 
 def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePlan,
-                 plan: ProbePlan) -> list[dict[str, Any]]:
+                 plan: ProbePlan) -> list[StageDone]:
     """The ``extend`` phase of one shard (caller holds its lock): the probed ``stage`` run on the deferred samples
     and merged into the stored stage if the probe broke one, else the deferral recorded as final with
     ``probe-only``. Returns the per-stage counts (progress)."""
@@ -122,11 +124,11 @@ def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePl
     part = records[at].reset_index(drop=True)
     deferred = part.skipped.str.startswith(PROBE_SKIP).to_numpy()
     entry = side["attacks"][name]
-    entry["probe"] = plan.info(int(entry.get("probe", {}).get("members", 0)))
+    entry["probe"] = plan.info(entry["probe"]["members"] if "probe" in entry else 0)
     adv = store.read_adversarials(shard) if context.config.save_adversarials else None
     kept = None if adv is None else Kept.open(adv, indices, host.data.get(indices, context.device)[0], context.defense,
                                               run_seed=context.seed, shard=shard, batch_size=host.batching.size)
-    summary: list[dict[str, Any]] = []
+    summary: list[StageDone] = []
     if deferred.any() and plan.broken:
         part, summary = _extend(host, shard, indices, stage, (part, deferred), side, kept)
     elif deferred.any():
@@ -139,12 +141,12 @@ def extend_shard(host: ShardHost, shard: int, indices: list[int], stage: StagePl
     store.write_shard(shard, records[COLUMNS].reset_index(drop=True), side, adv)
     host.bar(name).update(len(indices))
     if summary:
-        host.stage_done(shard=shard, n_shards=host.n_shards, size=len(indices), **summary[-1])
+        host.stage_done(summary[-1], shard=shard, size=len(indices))
     return summary
 
 
 def _extend(host: ShardHost, shard: int, indices: list[int], stage: StagePlan, rows: tuple[pd.DataFrame, np.ndarray],
-            side: dict[str, Any], kept: Kept | None) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+            side: ShardSide, kept: Kept | None) -> tuple[pd.DataFrame, list[StageDone]]:
     """The probed stage run on the ``deferred`` rows of its stored ``part`` (``rows``), as part 1 of the stage."""
     (part, deferred), context = rows, host.context
     x, y = host.data.get(indices, context.device)
@@ -161,9 +163,10 @@ def _extend(host: ShardHost, shard: int, indices: list[int], stage: StagePlan, r
     entry = side["attacks"][stage.name]
     extras = stage_extras(outcome, part, indices)
     merge_per_sample(entry, extras.pop("per_sample", None))
-    entry.update(attempted=int(part.attempted.sum()), **extras)
-    return part, [dict(stage=stage.name, attempted=int(deferred.sum()), seconds=float(part.time_s[deferred].sum()),
-                       checks=0.0, robust=int((outcome.robust_after & rest).sum()))]
+    entry.update(extras)
+    entry["attempted"] = int(part.attempted.sum())
+    return part, [StageDone(stage.name, attempted=int(deferred.sum()), robust=int((outcome.robust_after & rest).sum()),
+                            seconds=float(part.time_s[deferred].sum()))]
 
 
 def merge_rows(a: pd.DataFrame, b: pd.DataFrame, take_b: np.ndarray) -> pd.DataFrame:

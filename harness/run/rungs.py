@@ -26,7 +26,9 @@ from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.stage import StageOutcome, finish_stage
 from harness.run.verdict import Agreement
 from harness.stats.plateau import PlateauMark, coins
+from harness.store.partial import RungSnapshot
 from harness.store.records import Columns
+from harness.store.rundata import RungSummary
 
 # per attempted sample: the evaluation of its last rung, and what it cost
 _KEPT = ("x_eval", "preds", "correct", "finite", "ev_margin", "projected", "violation", "differ", "open", "seconds",
@@ -35,8 +37,8 @@ _MARKS = (PlateauMark.NONE, PlateauMark.STOPPED, PlateauMark.PROBED)  # the code
 
 
 def run_rung_stage(context: RunContext, plan: StagePlan, batch: ShardBatch, robust_before: Tensor, *,
-                   save: Callable[[dict[str, Any]], None] | None = None,
-                   resume: dict[str, Any] | None = None) -> tuple[StageOutcome, Columns, list[dict[str, Any]]]:
+                   save: Callable[[RungSnapshot], None] | None = None,
+                   resume: RungSnapshot | None = None) -> tuple[StageOutcome, Columns, list[RungSummary]]:
     """:func:`harness.run.stage.run_stage` in rungs (the plan's ``rungs``: the iteration counts after which the
     decided samples stop; the attack's own iterations end it). Returns the outcome, the record columns and one
     summary per rung (iterations reached, samples attacked and still robust after it, passes spent per attacked
@@ -163,9 +165,9 @@ def _keep(p: dict[str, Any], rows: Tensor, judged: Judged, spent: dict[str, int]
     p["seconds"][rows.cpu()] += seconds / k
 
 
-def _snapshot(p: dict[str, Any], s: StageSetup) -> dict[str, Any]:
+def _snapshot(p: dict[str, Any], s: StageSetup) -> RungSnapshot:
     """The stage's progress after a rung as plain data and tensors (``torch.load(weights_only=True)`` reads it)."""
-    return {**{k: p[k].detach().cpu().clone() for k in _KEPT}, "rung": p["rung"], "trace": list(p["trace"]),
+    return {"kept": {k: p[k].detach().cpu().clone() for k in _KEPT}, "rung": p["rung"], "trace": list(p["trace"]),
             "log": list(p["log"]), "significant": p["significant"], "p": p["p"],
             "state": {k: v.detach().cpu().clone() for k, v in p["state"].items()},
             "passes": {k: v.clone() for k, v in p["passes"].items()},
@@ -173,11 +175,11 @@ def _snapshot(p: dict[str, Any], s: StageSetup) -> dict[str, Any]:
             "witness_has": s.witnesses.has.detach().cpu().clone()}
 
 
-def _restore(snap: dict[str, Any], s: StageSetup) -> dict[str, Any]:
+def _restore(snap: RungSnapshot, s: StageSetup) -> dict[str, Any]:
     """The progress :func:`_snapshot` stored, back on the stage's device (its witnesses too)."""
     dev = s.xa.device
-    p = {k: snap[k].to(dev) for k in _KEPT if k != "seconds"}
-    p.update(seconds=snap["seconds"].clone(), rung=int(snap["rung"]), trace=list(snap["trace"]), log=list(snap["log"]),
+    p: dict[str, Any] = {k: snap["kept"][k].to(dev) for k in _KEPT if k != "seconds"}
+    p.update(seconds=snap["kept"]["seconds"].clone(), rung=int(snap["rung"]), trace=list(snap["trace"]), log=list(snap["log"]),
              significant=bool(snap["significant"]), p=float(snap["p"]),
              state={k: v.to(dev) for k, v in snap["state"].items()}, passes=dict(snap["passes"]))
     s.witnesses.found.copy_(snap["witness_found"].to(dev))

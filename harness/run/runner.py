@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from harness.api.defense import Defense, create_defense
+from harness.api.flags import FlagRecord
 from harness.api.threatspec import ThreatSpec
 from harness.battery.preset_catalog import default_preset
 from harness.battery.presets import ESCALATION_PREFIX, battery_settings, resolve_battery
@@ -180,7 +181,7 @@ class Opened:
     store: RunStore
     plan: ShardLayout
     context: RunContext
-    findings: list[dict[str, Any]]
+    findings: list[FlagRecord]
     batching: Batching
     estimate: Estimate | None = None
     corrupted: corruption_stages.Corrupted | None = None
@@ -300,7 +301,7 @@ def _battery(ctx: RunShards, executor: Executor, shards: list[list[int]], mine: 
 
 
 def _after_battery(ctx: RunShards, executor: Executor, shards: list[list[int]],
-                   findings: list[dict[str, Any]]) -> RunShards:
+                   findings: list[FlagRecord]) -> RunShards:
     """Each probed stage's probe over the run and its extension, then phase B: the escalation stages the flags
     asked for, on every shard's still-robust samples; the escalations are recorded in the stored config. Returns
     the state of phase B, whose plan holds them."""
@@ -330,7 +331,7 @@ def _probed_phases(ctx: RunShards, executor: Executor, shards: list[list[int]], 
             executor.phase(ctx, shards, list(range(len(shards))), Phase(kind, stage, spec.name))
 
 
-def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> None:
+def _finish(ctx: RunShards, n_shards: int, findings: list[FlagRecord]) -> None:
     store = ctx.store
     with store.run_lock():
         missing = completeness(store.dir).missing_shards
@@ -340,7 +341,7 @@ def _finish(ctx: RunShards, n_shards: int, findings: list[dict[str, Any]]) -> No
         cfg = ctx.context.config  # escalations run first (first_batch_stages) are battery entries
         first = [b for b in cfg.battery if b.name.startswith(ESCALATION_PREFIX)]
         if ctx.context.verifier is not None:  # what the verdict cost in this process (debug log: per call)
-            store.record("verifier", ctx.context.verifier.summary())
+            store.record_verifier(ctx.context.verifier.summary())
         store.finish(run_flags(store, n_shards, [*first, *cfg.escalations], findings))
 
 

@@ -3,8 +3,6 @@
 what a stage's side data holds besides its counts."""
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from torch import Tensor
 
@@ -13,6 +11,7 @@ from harness.config.attack_spec import AttackSpec
 from harness.errors import UsageError
 from harness.run.stage import StageOutcome
 from harness.store.records import PASS_COLUMNS, Columns
+from harness.store.rundata import AttackTally, PerSample, StageExtras
 
 
 def check_schedule(specs: list[AttackSpec], eps: float, norm: str, *, every_attack: bool,
@@ -54,13 +53,13 @@ def check_schedule(specs: list[AttackSpec], eps: float, norm: str, *, every_atta
 PER_SAMPLE_EXTRAS = ("targets", "targets_by_logits", "broken_by_target")
 
 
-def stage_extras(outcome: StageOutcome, cols: Columns, indices: list[int] | None = None) -> dict[str, Any]:
+def stage_extras(outcome: StageOutcome, cols: Columns, indices: list[int] | None = None) -> StageExtras:
     """What a stage's side data holds besides its counts: the attack's accuracy trace, the passes per attempted
     sample (each count and their sum, ``total``), with an adaptive EOT the mean draws per gradient, and with
     ``indices`` (the shard's dataset indices) the attack's :data:`PER_SAMPLE_EXTRAS`, under ``per_sample`` with the
     dataset ``index`` of each sample the outcome attacked (:func:`merge_per_sample` joins a probe's two parts)."""
     extras = outcome.result.extras or {}
-    out: dict[str, Any] = {k: v for k, v in extras.items() if k == "acc_trace"}
+    out: StageExtras = {"acc_trace": extras["acc_trace"]} if "acc_trace" in extras else {}
     attempted = np.asarray(cols["attempted"], dtype=bool)
     if attempted.any():
         means = {k: float(np.asarray(cols[k], dtype=float)[attempted].mean()) for k in PASS_COLUMNS}
@@ -76,7 +75,7 @@ def stage_extras(outcome: StageOutcome, cols: Columns, indices: list[int] | None
     return out
 
 
-def merge_per_sample(entry: dict[str, Any], more: dict[str, Any] | None) -> None:
+def merge_per_sample(entry: AttackTally, more: PerSample | None) -> None:
     """Append ``more`` (the ``per_sample`` side data of a later part of the stage) to ``entry``'s."""
     if more:
         old = entry.setdefault("per_sample", {})

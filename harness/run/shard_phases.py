@@ -11,7 +11,17 @@ from typing import Any, Callable
 
 from harness.config.attack_spec import AttackSpec
 from harness.config.frontend import FrontEnd
-from harness.progress import Bar, NoBar, ShownBar, StageLog, bars_enabled, get_logger, progress_bar, shard_text
+from harness.progress import (
+    Bar,
+    NoBar,
+    ShownBar,
+    StageDone,
+    StageLog,
+    bars_enabled,
+    get_logger,
+    progress_bar,
+    shard_text,
+)
 from harness.run._memory import Batching
 from harness.run.cascade import ShardWork, compute_shard
 from harness.run.phases import ATTACKS, Phase, PhaseKind, PhaseSteps
@@ -70,9 +80,9 @@ class RunShards:
                                            bar_format=BAR_FORMAT)
         return self.bars[name]
 
-    def stage_done(self, **summary: Any) -> None:
-        """Count a finished stage of a shard in the progress, and show the phase's time left on the bars."""
-        self.progress.stage_done(**summary)
+    def stage_done(self, done: StageDone, *, shard: int, size: int) -> None:
+        """Count stage ``done`` of ``shard`` in the progress, and show the phase's time left on the bars."""
+        self.progress.stage_done(done, shard=shard, n_shards=self.n_shards, size=size)
         if self.bars:
             text = self.progress.left_text()
             for bar in self.bars.values():
@@ -83,10 +93,10 @@ class RunShards:
         out of memory is computed again from its start at half the batch size (:mod:`harness.run._memory`)."""
         inner = self._steps(phase)
 
-        def fitted(s: int, idx: list[int]) -> Any:
+        def fitted(s: int, idx: list[int]) -> list[StageDone]:
             mark = self.progress.mark(), {name: bar.n for name, bar in self.bars.items()}
 
-            def attempt() -> Any:  # the progress as before the shard's first attempt: a shard counts once
+            def attempt() -> list[StageDone]:  # the progress as before the shard's first attempt: a shard counts once
                 self.progress.rewind(mark[0])
                 for name, bar in self.bars.items():
                     bar.n = mark[1].get(name, 0)
@@ -111,7 +121,7 @@ class RunShards:
         escalations = split_probed(self.context.escalations)[0]  # the probed ones take phases of their own
         upto = stage_names(self.context.config)[:1 + len(base) + len(escalations)]
 
-        def escalate(s: int, idx: list[int]) -> list[dict[str, Any]]:
+        def escalate(s: int, idx: list[int]) -> list[StageDone]:
             prior = self.store.read_shard(s)
             prior = prior[prior.stage <= len(base)]  # escalation stages are (re)run together
             return compute_shard(self, ShardWork(s, idx, self.plans(escalations, len(base) + 1), prior))
@@ -133,12 +143,14 @@ class RunShards:
             return probes[0]
 
         if phase.kind is PhaseKind.PROBE:
-            def probe(s: int, idx: list[int]) -> list[dict[str, Any]]:
+            def probe(s: int, idx: list[int]) -> list[StageDone]:
                 prior = self.store.read_shard(s)
                 return compute_shard(self, ShardWork(s, idx, [plan], prior[prior.stage < phase.stage], probed()))
             return PhaseSteps((spec.name,), lambda s: spec.name in (self.store.shard_stages(s) or []), probe)
-        done = lambda s: "extended" in self.store.read_side(s)["attacks"].get(spec.name, {}).get("probe", {})  # noqa: E731
-        return PhaseSteps((spec.name,), done, lambda s, idx: extend_shard(self, s, idx, plan, probed()))
+        def extended(s: int) -> bool:
+            tally = self.store.read_side(s)["attacks"].get(spec.name)
+            return tally is not None and "probe" in tally and "extended" in tally["probe"]
+        return PhaseSteps((spec.name,), extended, lambda s, idx: extend_shard(self, s, idx, plan, probed()))
 
     def job(self, steps: PhaseSteps) -> ShardJob:
         """The shard protocol's job for one phase's ``steps`` (:meth:`steps`), with progress on skips."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, cast
 
 import numpy as np
 import torch
@@ -22,11 +22,13 @@ from harness.api._seeding import SEED_ATTACK, SEED_EVAL, SEED_VERIFY
 from harness.api.attack import Attack, AttackBudget, AttackResult, perturbation_norms
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
-from harness.api.flags import FlagCode, StoredFlag
+from harness.api.flags import FlagCode, FlagRecord, StoredFlag
 from harness.api.passes import PassCount, counting
 from harness.api.target import Target
 from harness.api.threat import Threat, check_data_in_bounds
 from harness.config.attack_spec import AttackSpec
+from harness.diagnostics.evidence import Flag
+from harness.jsontypes import JSONObject, JSONValue
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verified, verify
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement
@@ -193,17 +195,29 @@ def _preds_lists(preds: Tensor, idx: Tensor, n: int) -> list[list[int]]:
     return out
 
 
-def flag_dict(flag: Any, outcome: StageOutcome) -> dict[str, Any]:
-    """A diagnostics flag (object or mapping) as plain data, with escalation specs as dicts."""
-    def get(key: str, default: Any = None) -> Any:
-        return flag.get(key, default) if isinstance(flag, dict) else getattr(flag, key, default)
+def flag_dict(flag: Flag | Mapping[str, object], outcome: StageOutcome) -> FlagRecord:
+    """A diagnostic's flag (a :class:`harness.diagnostics.evidence.Flag`, or a mapping of its fields) as stored, with
+    the battery entries it asks for as dicts."""
+    def get(key: str, default: object = None) -> object:
+        return flag.get(key, default) if isinstance(flag, Mapping) else getattr(flag, key, default)
 
-    escalate = []
-    for spec in get("escalate", None) or []:
-        spec = spec.to_dict() if isinstance(spec, AttackSpec) else AttackSpec.from_dict(spec).to_dict()
-        escalate.append(spec)
-    value = get("value")
+    escalate: list[JSONObject] = []
+    asked = get("escalate")
+    for spec in asked if isinstance(asked, (list, tuple)) else []:
+        if not isinstance(spec, (AttackSpec, Mapping)):
+            raise TypeError(f"a flag of {outcome.attack_name!r} asks to escalate with {spec!r}; accepted: an AttackSpec "
+                            "or a battery entry (a mapping with attack, name, options)")
+        escalate.append((spec if isinstance(spec, AttackSpec) else AttackSpec.from_dict(dict(spec))).to_dict())
     return StoredFlag(FlagCode(get("code")), str(get("attack", outcome.attack_name) or outcome.attack_name),
-                      str(get("message", "")), str(get("remedy", "")),
-                      float(value) if isinstance(value, (int, float, np.floating)) else value, escalate,
+                      str(get("message", "")), str(get("remedy", "")), _stored_value(get("value")), escalate,
                       shard=outcome.shard, stage=outcome.stage).to_dict()
+
+
+def _stored_value(value: object) -> JSONValue:
+    """A flag's measured value as stored: a number as a float, text, a list or a mapping as it is, anything else as
+    its text."""
+    if isinstance(value, (int, float, np.floating)):
+        return float(value)
+    if value is None or isinstance(value, (str, list, dict)):
+        return cast(JSONValue, value)  # json writes their items (numpy and torch scalars by their value)
+    return str(value)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ from harness.api.threat import Threat
 from harness.diagnostics.isolated import DefenseRecipe, IsolatedProcess, VerdictKind, fresh_evaluation
 from harness.diagnostics.preflight import apply_module_mode
 from harness.stats.paired import sign_test_greater
+from harness.store.rundata import VerifierSummary
 from harness.watch.guard import Guard
 
 DISAGREE_ALPHA = 1e-3  # sign-test level at which a stochastic defense's two evaluations are said to disagree
@@ -96,9 +97,9 @@ class Verifier:
                               batch_size=batch_size)
         return Evaluation(*(t.to(x.device) for t in (ev.preds, ev.correct, ev.finite, ev.margin)))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> VerifierSummary:
         """Where the verdict ran and, for new processes, what their calls cost (provenance ``verifier``)."""
-        out: dict[str, Any] = {"kind": self.kind.value}
+        out: VerifierSummary = {"kind": self.kind.value}
         if self.device is not None:
             out["device"] = str(self.device)
         if self.isolated is not None:
@@ -106,7 +107,7 @@ class Verifier:
         return out
 
 
-def verifier_for(pristine: Defense | None, spec: str, options: dict[str, Any], device: torch.device,
+def verifier_for(pristine: Defense | None, spec: str, options: Mapping[str, object], device: torch.device,
                  module_mode: str, recipe: DefenseRecipe | None = None, guard: Guard | None = None) -> Verifier:
     """The verifier of a run: fresh copies of ``pristine`` (the defense before its first query) on ``device`` (the
     verdict's: ``--verify-device``, else the run's) in ``module_mode``, or, if it could not be copied, the factory

@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from harness.store.rundata import Hardware
 
 if TYPE_CHECKING:
     import torch
@@ -36,11 +38,11 @@ def load_average() -> float | None:
         return None
 
 
-def hardware(device: torch.device) -> dict[str, Any]:
+def hardware(device: torch.device) -> Hardware:
     """The processor, logical CPUs, torch threads and device (and the GPU's name on CUDA)."""
     import torch
 
-    info: dict[str, Any] = {"machine": platform.machine(), "processor": processor_name(),
+    info: Hardware = {"machine": platform.machine(), "processor": processor_name(),
                             "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "device": str(device)}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)

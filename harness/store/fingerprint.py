@@ -14,9 +14,10 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from harness.api.registry import spec_file
+from harness.jsontypes import JSONObject, JSONValue
 from harness.sources.hashing import hash_file
 
 if TYPE_CHECKING:
@@ -54,13 +55,17 @@ class Fingerprint:
     versions: dict[str, str | None] = field(default_factory=dict)
     harness_code: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Fingerprint":
-        known = {k: data[k] for k in LABELS if k in data}
-        return cls(**known)
+    def from_dict(cls, data: Mapping[str, JSONValue]) -> "Fingerprint":
+        """The fingerprint stored as ``data`` (provenance ``fingerprint``; a field it lacks is empty)."""
+        source, versions, code = data.get("defense_source"), data.get("versions"), data.get("harness_code")
+        return cls({str(k): str(v) for k, v in source.items()} if isinstance(source, dict) else {},
+                   str(data.get("defense_weights", "")), str(data.get("data", "")),
+                   {str(k): None if v is None else str(v) for k, v in versions.items()} if isinstance(versions, dict)
+                   else {}, None if code is None else str(code))
 
     def differences(self, new: "Fingerprint") -> list[str]:
         """What changed from ``self`` (stored) to ``new``, one human-readable item per field."""

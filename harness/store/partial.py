@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import pandas as pd
 import pyarrow as pa
@@ -22,9 +22,51 @@ import pyarrow.parquet as pq
 from harness import atomic
 from harness.progress import get_logger, shard_text
 from harness.store.records import SCHEMA
+from harness.store.rundata import KeptInputs, RungSummary
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = get_logger("store")
-VERSION = 1
+VERSION = 2  # 2: a rung's per-sample tensors under ``kept`` (a version-1 file is ignored: its shard starts again)
+
+
+class PartialKey(TypedDict):
+    """The phase a shard's progress belongs to: its first stage, the stages' names, the samples and the batch size
+    (progress of another batch size is not continued)."""
+    first_stage: int
+    names: list[str]
+    indices: list[int]
+    batch_size: int
+
+
+class RungSnapshot(TypedDict):
+    """A stage in rungs after a rung (``harness.run.rungs``): the next rung, each attempted sample's evaluation and
+    cost so far (``kept``, by column), the attack's state, its accuracy trace and rung summaries, the verifier's
+    agreement so far, the passes per network role, and the witnesses found."""
+    rung: int
+    kept: dict[str, "Tensor"]
+    state: dict[str, "Tensor"]
+    trace: list[float]
+    log: list[RungSummary]
+    significant: bool
+    p: float
+    passes: dict[str, "Tensor"]
+    witness_found: "Tensor"
+    witness_has: "Tensor"
+
+
+class ShardProgress(TypedDict):
+    """A shard's progress after ``done`` stages of its phase: the records so far (Parquet bytes), the side data (JSON
+    text), the cascade's robust mask, the gradient mode found dead (mode, why), the kept inputs, and the unfinished
+    stage's rung progress."""
+    done: int
+    frames: bytes
+    side: str
+    robust: "Tensor"
+    dead: list[str] | None
+    adv: KeptInputs | None
+    rung: RungSnapshot | None
 
 
 def partial_path(records_dir: Path, shard: int) -> Path:
@@ -44,7 +86,7 @@ def bytes_frame(data: bytes) -> pd.DataFrame:
     return pq.read_table(pa.BufferReader(data)).to_pandas()
 
 
-def save_partial(records_dir: Path, shard: int, key: dict[str, Any], progress: dict[str, Any]) -> None:
+def save_partial(records_dir: Path, shard: int, key: PartialKey, progress: ShardProgress) -> None:
     """Store ``progress`` (plain data, bytes and tensors) of ``shard`` for the phase ``key``, atomically."""
     import torch
 
@@ -52,7 +94,7 @@ def save_partial(records_dir: Path, shard: int, key: dict[str, Any], progress: d
         torch.save({"version": VERSION, "key": key, **progress}, tmp)
 
 
-def load_partial(records_dir: Path, shard: int, key: dict[str, Any]) -> dict[str, Any] | None:
+def load_partial(records_dir: Path, shard: int, key: PartialKey) -> ShardProgress | None:
     """The stored progress of ``shard`` for the phase ``key``; None when there is none, it is of another phase, or
     it cannot be read (logged)."""
     import torch
@@ -68,7 +110,7 @@ def load_partial(records_dir: Path, shard: int, key: dict[str, Any]) -> dict[str
         return None
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != key:
         return None
-    return data
+    return cast(ShardProgress, data)
 
 
 def drop_partial(records_dir: Path, shard: int) -> None:

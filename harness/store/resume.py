@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Mapping, Protocol
 
 from harness.errors import UsageError
 from harness.store.fingerprint import Fingerprint
+from harness.store.rundata import ForcedResume, Provenance
 
 
 class ResumeMismatchError(UsageError):
@@ -18,12 +19,12 @@ class ResumeMismatchError(UsageError):
 class StoredConfig(Protocol):
     batch_size: int
 
-    def result_dict(self) -> dict[str, Any]:
+    def result_dict(self) -> Mapping[str, object]:
         """The settings the results depend on."""
 
 
-def check_resume(run_dir: Path, version: tuple[Any, int], old: StoredConfig, new: StoredConfig,
-                 prov: dict[str, Any], fingerprint: Fingerprint, *, force_resume: bool) -> list[dict[str, Any]]:
+def check_resume(run_dir: Path, version: tuple[object, int], old: StoredConfig, new: StoredConfig,
+                 prov: Provenance, fingerprint: Fingerprint, *, force_resume: bool) -> list[ForcedResume]:
     """Refuse to resume ``run_dir`` (written in format ``version[0]`` where this harness writes ``version[1]``, with
     config ``old`` and provenance ``prov``) with config ``new`` and ``fingerprint`` when results would mix; returns
     the forced resumes to record."""

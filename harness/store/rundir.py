@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import platform
 import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, cast
 
 import pandas as pd
 import pyarrow as pa
@@ -47,7 +46,23 @@ from harness.store._locks import file_lock
 from harness.store._machine import hardware, load_average
 from harness.store.fingerprint import Fingerprint, git_commit, git_dirty, package_versions
 from harness.store.records import COLUMNS, SCHEMA, TIMING_COLUMNS  # noqa: F401  (declared there)
-from harness.store.resume import ResumeMismatchError, check_resume  # noqa: F401  (ResumeMismatchError: re-exported)
+from harness.store.resume import ResumeMismatchError, StoredConfig, check_resume  # noqa: F401  (ResumeMismatchError: re-exported)
+from harness.store.rundata import (
+    BatchSizeEntry,
+    ForcedResume,
+    KeptInputs,
+    Provenance,
+    RunFlag,
+    RunFormatError,  # noqa: F401  (re-exported)
+    RunInfo,
+    SequentialStop,
+    Session,
+    ShardSide,
+    VerifierSummary,
+    checked,
+    read_json,
+    write_json,
+)
 from harness.store.upgrade import nulls, upgrade
 
 FORMAT_VERSION = 3
@@ -73,10 +88,6 @@ PACKAGES = ("torch", "torchvision", "numpy", "scipy", "pandas", "pyarrow", "pyau
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 
 
-class RunFormatError(UsageError):
-    """A run directory's file is missing, unreadable, or of another format version."""
-
-
 def validate_run_id(run_id: str) -> str:
     """A run id must be one safe path component, so ``--run-id`` cannot write outside ``--out``."""
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
@@ -93,32 +104,10 @@ def make_run_id(cfg: RunConfig) -> str:
     return validate_run_id(f"{stem.strip('_.-') or 'defense'}-{cfg.dataset_stem()}-{cfg.fingerprint()}")
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    atomic.write_text(path, json.dumps(obj, indent=2, default=_json_default))
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):
-        return obj.item()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
-
-
-def _read_json(path: Path) -> Any:
-    """A JSON file of the run directory (an object, or the list of flags of ``diagnostics.json``)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise RunFormatError(f"cannot read {str(path)!r}: {exc}") from exc
-
-
-def _read_object(path: Path) -> dict[str, Any]:
-    """A JSON object of the run directory; anything else is a damaged file, named."""
-    data = _read_json(path)
-    if not isinstance(data, dict):
-        raise RunFormatError(f"{str(path)!r} holds {type(data).__name__}, not a JSON object; it is damaged")
-    return data
+def _format_data(run_dir: Path) -> dict[str, object]:
+    """The fields of ``run_dir``'s format file (none when it holds no JSON object)."""
+    data = read_json(run_dir / FORMAT_FILE)
+    return data if isinstance(data, dict) else {}
 
 
 def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -190,9 +179,9 @@ class RunStore:
         return file_lock(self.records_dir / f".shard-{shard:05d}.lock", blocking=blocking)
 
     # -- config and provenance -------------------------------------------------------------
-    def open(self, cfg: RunConfig, *, plan: ShardLayout, fingerprint: Fingerprint, info: dict[str, Any],
+    def open(self, cfg: RunConfig, *, plan: ShardLayout, fingerprint: Fingerprint, info: RunInfo,
              force_resume: bool = False, kind: RunKind = RunKind.ATTACK,
-             reader: Callable[[Path], Any] = read_config) -> bool:
+             reader: Callable[[Path], StoredConfig] = read_config) -> bool:
         """Create the run directory, or check that an existing one holds the same experiment (config and
         fingerprint); returns True when resuming. Call it holding :meth:`run_lock`.
 
@@ -203,26 +192,26 @@ class RunStore:
         """
         cfg_path = self.dir / "config.toml"
         resuming = cfg_path.is_file()
-        prov: dict[str, Any] = {}
-        forced: list[dict[str, Any]] = []
+        prov: Provenance = {}
+        forced: list[ForcedResume] = []
         if resuming:
             check_format(self.dir, kind)
             prov = load_provenance(self.dir)
-            version = _read_json(self.dir / FORMAT_FILE).get("version")
+            version = _format_data(self.dir).get("version")
             forced = check_resume(self.dir, (version, FORMAT_VERSION), reader(cfg_path), cfg, prov, fingerprint,
                                   force_resume=force_resume)
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind.value})
+        write_json(self.dir / FORMAT_FILE, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind.value})
         write_config(cfg, cfg_path)
         import torch  # only runs that compute import torch: reading a run directory does not
 
         commit, dirty = git_commit(), git_dirty()
         # One entry per start (a resume, or each --shard-slice job): the top-level fields describe the latest
         # start only, so threads, device or machine that changed between starts stay visible here.
-        session = {"started": _now(), "git_commit": commit, "git_dirty": dirty,
-                   **hardware(torch.device(info.get("device", "cpu"))), "load_average": load_average(),
-                   "shards_stored": len(list(self.records_dir.glob("shard-*.parquet")))}
-        self._provenance = {
+        session: Session = {"started": _now(), "git_commit": commit, "git_dirty": dirty,
+                            **hardware(torch.device(info.get("device", "cpu"))), "load_average": load_average(),
+                            "shards_stored": len(list(self.records_dir.glob("shard-*.parquet")))}
+        provenance: Provenance = {
             "format_version": FORMAT_VERSION, "run_id": self.dir.name, "git_commit": commit,
             "git_dirty": dirty, "packages": package_versions(PACKAGES), "python": platform.python_version(),
             "platform": platform.platform(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -231,22 +220,22 @@ class RunStore:
             "forced_resumes": forced, "sessions": [*prov.get("sessions", []), session],
             "batch_sizes": prov.get("batch_sizes") or [{"batch_size": cfg.batch_size, "from": "start"}],
             "started": prov.get("started") or _now(), "finished": None}
-        _write_json(self.dir / "provenance.json", self._provenance)
+        write_json(self.dir / "provenance.json", provenance)
         self._at_open = (prov.get("finished"), self._record_files())
         return resuming
 
     def write_config(self, cfg: RunConfig) -> None:
         write_config(cfg, self.dir / "config.toml")
 
-    def finish(self, flags: list[dict[str, Any]]) -> None:
+    def finish(self, flags: list[RunFlag]) -> None:
         """Write the run-level diagnostics, then mark the run finished. Call it only when every planned
         shard holds every stage (escalations included), holding :meth:`run_lock`."""
         check_codes(flags, source=str(self.dir / "diagnostics.json"))
-        _write_json(self.dir / "diagnostics.json", flags)
+        write_json(self.dir / "diagnostics.json", flags)
         prov = load_provenance(self.dir)
         before, files = self._at_open
         prov["finished"] = before if before and files == self._record_files() else _now()
-        _write_json(self.dir / "provenance.json", prov)
+        write_json(self.dir / "provenance.json", prov)
 
     def _record_files(self) -> dict[str, tuple[int, int]]:
         """Each shard file's modification time and size: any shard written (by any process) changes them."""
@@ -269,10 +258,10 @@ class RunStore:
         t = read_table(self.shard_path(shard), columns=["stage", "attack"]).to_pandas()
         return [attack for _, attack in stages(t)]
 
-    def read_side(self, shard: int) -> dict[str, Any]:
+    def read_side(self, shard: int) -> ShardSide:
         path = self.shard_path(shard, ".json")
-        side = _read_object(path)
-        check_codes(side.get("diagnostics", []), source=str(path))
+        side = checked(read_json(path), ShardSide, str(path))
+        check_codes(side["diagnostics"], source=str(path))
         return side
 
     def read_shard(self, shard: int) -> pd.DataFrame:
@@ -282,24 +271,26 @@ class RunStore:
         """The records of the given finished shards, concatenated."""
         return pd.concat([self.read_shard(s) for s in shards], ignore_index=True)
 
-    def record_sequential(self, info: dict[str, Any]) -> None:
+    def record_sequential(self, stop: SequentialStop) -> None:
         """Store where a sequential (``--until``) run stopped; its run then consists of the first
-        ``info["shards"]`` shards. Call it holding :meth:`run_lock`."""
-        self.record("sequential", info)
+        ``stop["shards"]`` shards. Call it holding :meth:`run_lock`."""
+        self._record("sequential", stop)
 
-    def record(self, key: str, value: Any) -> None:
-        """Set ``key`` of the provenance to ``value`` (a sequential stop, the verifier's summary). Call it holding
-        :meth:`run_lock`."""
-        _write_json(self.dir / "provenance.json", {**load_provenance(self.dir), key: value})
+    def record_verifier(self, summary: VerifierSummary) -> None:
+        """Store where the verdict ran and what it cost. Call it holding :meth:`run_lock`."""
+        self._record("verifier", summary)
 
-    def record_batch_size(self, entry: dict[str, Any]) -> None:
+    def _record(self, key: str, value: object) -> None:
+        write_json(self.dir / "provenance.json", {**load_provenance(self.dir), key: value})
+
+    def record_batch_size(self, entry: BatchSizeEntry) -> None:
         """Append a batch size the run goes on with (``harness.run._memory``) to provenance, under the run lock."""
         with self.run_lock():
             prov = load_provenance(self.dir)
-            _write_json(self.dir / "provenance.json", {**prov, "batch_sizes": [*prov.get("batch_sizes", []), entry]})
+            write_json(self.dir / "provenance.json", {**prov, "batch_sizes": [*prov.get("batch_sizes", []), entry]})
 
-    def write_shard(self, shard: int, records: pd.DataFrame, side: dict[str, Any],
-                    adversarials: dict[str, Any] | None = None, schema: pa.Schema = SCHEMA) -> None:
+    def write_shard(self, shard: int, records: pd.DataFrame, side: ShardSide, adversarials: KeptInputs | None = None,
+                    schema: pa.Schema = SCHEMA) -> None:
         """Write side data, adversarials, then the Parquet file last: the Parquet file is the record of which
         stages are finished, so an interruption at any point leaves a consistent shard. Call it holding
         :meth:`shard_lock`: temporary files of this shard left by a writer killed mid-write (SIGKILL skips the
@@ -308,8 +299,8 @@ class RunStore:
         for directory in (self.records_dir, self.adv_dir):
             for stale in directory.glob(f".shard-{shard:05d}.*.tmp"):
                 stale.unlink(missing_ok=True)
-        check_codes(side.get("diagnostics", []), source=str(self.shard_path(shard, ".json")))
-        _write_json(self.shard_path(shard, ".json"), side)
+        check_codes(side["diagnostics"], source=str(self.shard_path(shard, ".json")))
+        write_json(self.shard_path(shard, ".json"), side)
         if adversarials is not None:
             import torch
 
@@ -319,11 +310,16 @@ class RunStore:
         with atomic.atomic_path(self.shard_path(shard)) as tmp:
             pq.write_table(table, tmp, compression="zstd")  # records are committed: small beats fast here
 
-    def read_adversarials(self, shard: int) -> dict[str, Any] | None:
+    def read_adversarials(self, shard: int) -> KeptInputs | None:
         import torch
 
         path = self.adv_dir / f"shard-{shard:05d}.pt"
-        return torch.load(path, weights_only=True) if path.is_file() else None
+        if not path.is_file():
+            return None
+        kept = torch.load(path, weights_only=True)
+        if not isinstance(kept, dict) or not isinstance(kept.get("x_adv"), dict):
+            raise RunFormatError(f"{str(path)!r} holds no kept inputs (a dict with x_adv); it is damaged")
+        return cast(KeptInputs, kept)
 
 
 # -- readers: everything that reads a run goes through these ----------------------------------
@@ -341,8 +337,8 @@ def check_format(run_dir: str | Path, kind: RunKind | None = None) -> RunKind:
     if not path.is_file():
         raise RunFormatError(f"{str(run_dir)!r} is not a run directory and holds none ({FORMAT_FILE} is missing): "
                              f"{RUN_DIRECTORY}")
-    data = _read_json(path)
-    version = data.get("version") if isinstance(data, dict) else None
+    data = _format_data(Path(run_dir))
+    version = data.get("version")
     if version not in READABLE_VERSIONS:
         raise RunFormatError(f"{str(path)!r} says run format version {version!r}, but this harness reads versions "
                              f"{', '.join(map(str, READABLE_VERSIONS))}; read it with the harness version that wrote it, "
@@ -364,12 +360,12 @@ def load_config(run_dir: str | Path) -> RunConfig:
     return read_config(Path(run_dir) / "config.toml")
 
 
-def load_provenance(run_dir: str | Path) -> dict[str, Any]:
+def load_provenance(run_dir: str | Path) -> Provenance:
     check_format(run_dir)
     path = Path(run_dir) / "provenance.json"
     if not path.is_file():
         raise RunFormatError(f"{str(path)!r} is missing; rerun the run's `harness run` command to restore it")
-    return _read_object(path)
+    return checked(read_json(path), Provenance, str(path))
 
 
 def load_records(run_dir: str | Path) -> pd.DataFrame:
@@ -385,24 +381,24 @@ def load_records(run_dir: str | Path) -> pd.DataFrame:
     return df.sort_values([c for c in ("index", "stage") if c in df.columns], kind="stable").reset_index(drop=True)
 
 
-def kept_shards(prov: dict[str, Any]) -> int | None:
+def kept_shards(prov: Provenance) -> int | None:
     """How many shards (from the first) a sequentially stopped run consists of; None for other runs."""
     seq = prov.get("sequential")
     return int(seq["shards"]) if isinstance(seq, dict) and seq.get("shards") is not None else None
 
 
-def load_diagnostics(run_dir: str | Path) -> list[dict[str, Any]]:
+def load_diagnostics(run_dir: str | Path) -> list[RunFlag]:
     """Run-level diagnostic flags ([] before the run finished)."""
     check_format(run_dir)
     path = Path(run_dir) / "diagnostics.json"
-    flags = _read_json(path) if path.is_file() else []
+    flags = read_json(path) if path.is_file() else []
     if not isinstance(flags, list):
         raise RunFormatError(f"{str(path)!r} must hold a JSON list of flags, got {type(flags).__name__}")
     check_codes(flags, source=str(path))
-    return flags
+    return cast(list[RunFlag], flags)
 
 
-def load_side(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+def load_side(run_dir: str | Path) -> dict[int, ShardSide]:
     """Per-shard side data (stages, per-attack counts and traces, shard flags) by shard number."""
     check_format(run_dir)
     store = RunStore(run_dir)

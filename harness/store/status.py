@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from harness.errors import UsageError
 from harness.progress import shard_text
 from harness.stats.scoring import stages
+from harness.store.rundata import RunFormatError
 from harness.store.rundir import (
-    RunFormatError,
     RunKind,
     RunStore,
     ShardLayout,
@@ -28,6 +28,15 @@ from harness.store.rundir import (
 
 class IncompleteRunError(UsageError):
     """A report was asked of a run that is not complete (without ``--partial``)."""
+
+
+class CompletenessData(TypedDict):
+    """A run's completeness as the reports write it (``harness.store.status.Completeness.to_dict``)."""
+    partial: bool
+    n_done: int
+    n_planned: int
+    missing_shards: list[int]
+    finished: bool
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,7 @@ class Completeness:
         """The command that made the run, and so finishes it when run again."""
         return _BY_KIND[self.kind][0]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CompletenessData:
         return {"partial": not self.complete, "n_done": self.done, "n_planned": self.planned,
                 "missing_shards": list(self.missing_shards), "finished": self.finished}
 

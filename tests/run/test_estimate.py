@@ -10,6 +10,7 @@ from conftest import TinyCNN
 from harness.api.defense import Defense
 from harness.cli import main
 from harness.config.run_config import RunConfig
+from harness.progress import StageDone
 from harness.run import runner
 from harness.run.estimate import duration
 
@@ -123,17 +124,17 @@ def test_time_left_is_weighted_by_the_cost_of_the_stages_left():
     log = StageLog(logging.getLogger("harness.test"), enabled=False, clock=lambda: now[0])
     log.start_phase("attacks", 2 * 100, stages=["pgd", "square"])  # 100 samples, 2 shards of 50
     now[0] = 1.0
-    log.stage_done(shard=0, n_shards=2, stage="pgd", size=50, attempted=50, robust=40, seconds=1.0)
+    log.stage_done(StageDone("pgd", attempted=50, robust=40, seconds=1.0), shard=0, n_shards=2, size=50)
     assert log.time_left() is None and "unknown until square" in log.left_text()
     log.prior({"square": 2.0})  # e.g. the calibration estimate: 2 s per sample of a shard
     # 50 pgd samples at 0.02 s + 100 square samples at 2 s; wall clock so far equals the measured stage time
     assert log.time_left() == pytest.approx(50 * 0.02 + 100 * 2.0)
     now[0] = 61.0
-    log.stage_done(shard=0, n_shards=2, stage="square", size=50, attempted=40, robust=30, seconds=60.0)
+    log.stage_done(StageDone("square", attempted=40, robust=30, seconds=60.0), shard=0, n_shards=2, size=50)
     assert log.time_left() == pytest.approx(50 * 0.02 + 50 * 1.2)  # measured cost replaces the prior
     assert "1m01s" in log.left_text()
     log.start_phase("attacks", 50, stages=["pgd"], then="escalations if a diagnostic fires")
-    log.stage_done(shard=0, n_shards=1, stage="pgd", size=50, attempted=50, robust=40, seconds=1.0)
+    log.stage_done(StageDone("pgd", attempted=50, robust=40, seconds=1.0), shard=0, n_shards=1, size=50)
     assert log.left_text().endswith("0s left, then escalations if a diagnostic fires")  # not "done" before them
 
 
