@@ -112,7 +112,7 @@ def test_every_benchmark_script_imports():
     assert not broken, broken
 
 
-RUN_PATH = ("run", "store", "battery", "diagnostics")  # the rooms a run passes through after its configuration
+RUN_PATH = ("config", "run", "store", "battery", "diagnostics")  # the rooms a run passes through
 
 
 def _top_level_names(path: Path) -> list[str]:

@@ -291,7 +291,7 @@ def escalate(code: FlagCode | str, setting: Setting, value: float = math.nan) ->
     return out
 
 
-def rules(code: FlagCode | str, setting: Setting, value: float = math.nan) -> list[dict[str, Any]]:
+def entries_asked(code: FlagCode | str, setting: Setting, value: float = math.nan) -> list[dict[str, Any]]:
     """The battery entries of :func:`escalate`."""
     return escalate(code, setting, value).specs
 
@@ -341,7 +341,7 @@ def possible(setting: Setting) -> list[tuple[FlagCode, dict[str, Any]]]:
     for code in all_codes():
         if not could_fire(code, setting):
             continue
-        for s in rules(code, setting):
+        for s in entries_asked(code, setting):
             if s["name"] not in seen:
                 seen.add(s["name"])
                 out.append((code, s))

@@ -29,10 +29,10 @@ def test_every_code_raised_in_the_source_is_a_member():
 def test_a_mistyped_code_cannot_silently_disable_an_escalation():
     spec = AttackSpec("pgd", "pgd", {"steps": 5})
     setting = Setting.of(spec.build(0.1, "Linf"), spec, has_purifier=True, grad_mode="full", stochastic=False)
-    assert [s["name"] for s in escalation.rules(FlagCode.ZERO_GRAD, setting)] == ["esc-bpda-eot"]
-    assert escalation.rules("zero-grad", setting) == escalation.rules(FlagCode.ZERO_GRAD, setting)
+    assert [s["name"] for s in escalation.entries_asked(FlagCode.ZERO_GRAD, setting)] == ["esc-bpda-eot"]
+    assert escalation.entries_asked("zero-grad", setting) == escalation.entries_asked(FlagCode.ZERO_GRAD, setting)
     with pytest.raises(ValueError, match="zero-gard"):
-        escalation.rules("zero-gard", setting)
+        escalation.entries_asked("zero-gard", setting)
 
 
 def test_unknown_code_read_back_names_the_file(tmp_path: Path):
@@ -64,11 +64,11 @@ def test_gradient_flags_without_another_gradient_path_escalate_to_gradient_free_
     for has_purifier, grad_mode in ((False, "full"), (True, "bpda")):
         setting = Setting.of(spec.build(0.1, "Linf"), spec, has_purifier=has_purifier, grad_mode=grad_mode)
         for code in (FlagCode.ZERO_GRAD, FlagCode.MASKING_LARGE_EPS, FlagCode.NONFINITE_GRAD):
-            names = [s["name"] for s in escalation.rules(code, setting)]
+            names = [s["name"] for s in escalation.entries_asked(code, setting)]
             assert {"esc-apgd-dlr", "esc-square", "esc-rays"} <= set(names), (code, has_purifier, names)
     # the first-batch findings that only query-based attacks can answer
     for code in (FlagCode.DEAD_GRADIENT_MODE, FlagCode.NO_GRADIENT, FlagCode.GRAD_CHANGES_OUTPUT):
-        assert [s["name"] for s in escalation.rules(code, setting)] == ["esc-square", "esc-rays"]
+        assert [s["name"] for s in escalation.entries_asked(code, setting)] == ["esc-square", "esc-rays"]
 
 
 def test_the_docs_table_is_the_generated_one():

@@ -236,7 +236,7 @@ def test_escalations_under_lowfreq_are_attacks_made_for_the_band() -> None:
     attack = AttackSpec("pgd", "pgd").build(EPS, "L2")
     spec = AttackSpec("pgd", "pgd")
     setting = Setting.of(attack, spec, grad_mode="full", stochastic=True, has_surrogate=True, eot=20, threat="lowfreq")
-    specs = escalation.rules("zero-grad", replace(setting, has_purifier=True)) + escalation.rules("noise-beats-attack",
+    specs = escalation.entries_asked("zero-grad", replace(setting, has_purifier=True)) + escalation.entries_asked("noise-beats-attack",
                                                                                                 setting)
     assert {s["attack"] for s in specs} == {"bpda-eot", "pgd", "square"}
     assert {s["name"] for s in specs} >= {"esc-bpda-eot", "esc-pgd-surrogate", "esc-square"}

@@ -104,9 +104,9 @@ def test_surrogate_gradient_is_escalated_when_a_gradient_flag_fires():
     from harness.diagnostics.evidence import Setting
     setting = Setting.of(PGD.build(0.1, "Linf"), PGD, has_purifier=True, grad_mode="full", stochastic=True,
                          has_surrogate=True, eot=1)
-    specs = escalation.rules(FlagCode.ZERO_GRAD, setting)
+    specs = escalation.entries_asked(FlagCode.ZERO_GRAD, setting)
     assert specs[-1]["name"] == "esc-pgd-surrogate" and specs[-1]["options"]["eot"] == 20
-    assert not any("surrogate" in s["name"] for s in escalation.rules(
+    assert not any("surrogate" in s["name"] for s in escalation.entries_asked(
         FlagCode.ZERO_GRAD, replace(setting, grad_mode="surrogate", eot=20)))
 
 

@@ -57,19 +57,19 @@ def test_a_registered_attack_that_declares_a_capability_fills_it_by_priority(reg
     from harness.attacks.square import Square
 
     registry["my-square"] = Variant(Square, "a user's Square", capabilities={"priority": 5})
-    specs = escalation.rules(FlagCode.NOISE_BEATS_ATTACK, setting())
+    specs = escalation.entries_asked(FlagCode.NOISE_BEATS_ATTACK, setting())
     assert [(s["name"], s["attack"]) for s in specs] == [("esc-square", "my-square"), ("esc-rays", "rays")]
     registry["my-square"] = Variant(Square, "the same priority as Square's: ties go by name")
-    assert escalation.rules(FlagCode.NOISE_BEATS_ATTACK, setting())[0]["attack"] == "my-square"
+    assert escalation.entries_asked(FlagCode.NOISE_BEATS_ATTACK, setting())[0]["attack"] == "my-square"
     registry["my-square"] = Variant(Square, "declaring no priority", capabilities={"priority": None})
-    assert escalation.rules(FlagCode.NOISE_BEATS_ATTACK, setting())[0]["attack"] == "square"  # not offered
+    assert escalation.entries_asked(FlagCode.NOISE_BEATS_ATTACK, setting())[0]["attack"] == "square"  # not offered
 
 
 def test_a_provider_that_does_not_build_gives_way_to_the_next(registry):
     """The first provider by priority that builds under the run's threat model is taken: RayS (ℓ∞ only) is asked for
     under ℓ∞ only; a provider refusing the run's norm is passed over and named when none is left."""
     l2 = Setting.of(PGD.build(0.5, "L2"), PGD)
-    assert [s["name"] for s in escalation.rules(FlagCode.NOISE_BEATS_ATTACK, l2)] == ["esc-square"]
+    assert [s["name"] for s in escalation.entries_asked(FlagCode.NOISE_BEATS_ATTACK, l2)] == ["esc-square"]
     found = escalation.escalate(FlagCode.ZERO_GRAD, Setting.of(PGD.build(0.5, "L2"), PGD, has_purifier=True,
                                                                 has_aux=True))
     assert [s["name"] for s in found.specs] == ["esc-bpda-eot"]
