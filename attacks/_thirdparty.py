@@ -2,7 +2,7 @@
 query the target without gradients. Not an attack itself (no registration here).
 
 - Libraries get ``target.as_module()``: the target applies the resolved gradient mode and EOT and
-  counts forward and backward passes where they happen (hooks on the networks, ``harness.api.passes``;
+  counts forward and backward passes where they happen (hooks on the networks, ``harness.passes``;
   FAB and DeepFool backpropagate once per class through one forward).
 - :func:`finalize`: project onto the threat model, evaluate once (over ``draws`` for stochastic
   defenses) and build the :class:`AttackResult` with per-sample success and margin.

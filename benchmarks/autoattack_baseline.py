@@ -4,7 +4,7 @@ The reference side of the fast-standard comparison on whole test sets: pyautoatt
 code in the attack path), on chunks of consecutive test images, and for every sample the script stores whether it
 was correct, whether it stayed robust, which attack of the cascade broke it, the ℓ∞ distance of that example, and
 the passes each attack spent, counted by the harness's own pass counter (forward hooks on the defense's networks,
-``harness.api.passes``), so both sides of the comparison are charged the same way.
+``harness.passes``), so both sides of the comparison are charged the same way.
 
 One JSON file per chunk under ``--out``; a chunk whose file exists is skipped, so an interrupted job resumes where
 it stopped and loses at most one chunk. Wall times are recorded with the load average: they are timings of a
@@ -28,7 +28,7 @@ import torch
 
 import harness.defenses  # noqa: F401  (registers the shipped defenses)
 from harness.api.defense import create_defense
-from harness.api.passes import PassCount, counting
+from harness.passes import PassCount, counting
 from harness.sources.datasets import load_test_set
 
 ATTACKS = {"apgd-ce": "apgd", "apgd-t": "apgd_targeted", "fab-t": "fab", "square": "square"}

@@ -32,8 +32,8 @@ from benchmarks.autoattack_baseline import _load, add_chunk_options  # noqa: E40
 import harness.defenses  # noqa: E402,F401  (registers the shipped defenses)
 from harness.api.defense import create_defense  # noqa: E402
 from harness.api.evaluation import evaluate  # noqa: E402
-from harness.api.passes import PassCount, counting  # noqa: E402
 from harness.config.run_config import read_config  # noqa: E402
+from harness.passes import PassCount, counting  # noqa: E402
 from harness.sources.datasets import load_test_set  # noqa: E402
 from harness.stats.criteria import BUILTIN_CRITERIA, get_criterion  # noqa: E402
 from harness.stats.paired import compare_paired, compare_paired_scores  # noqa: E402

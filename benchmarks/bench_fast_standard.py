@@ -1,6 +1,6 @@
 """``standard-fast`` through ``harness run`` against pyautoattack's ``AutoAttack(version="standard")`` called directly,
 sample by sample, on the same test images (the consecutive indices [--start, --stop)), passes counted the same way
-on both sides (hooks on the defense's networks, ``harness.api.passes``; the library side is
+on both sides (hooks on the defense's networks, ``harness.passes``; the library side is
 ``benchmarks/autoattack_baseline.py``'s).
 
 The library side is either run here, one chunk of --chunk images after the other, before the harness side in the

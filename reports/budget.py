@@ -1,11 +1,11 @@
 """What each attack spent, as counted: classifier and purifier passes (forward and backward) per attempted
-sample and in total, from the record columns the stage writes (``harness.api.passes``; attack and evaluation
+sample and in total, from the record columns the stage writes (``harness.passes``; attack and evaluation
 of each stage, rows = images through the network)."""
 from __future__ import annotations
 
 import pandas as pd
 
-from harness.api.passes import COUNTS
+from harness.passes import COUNTS
 
 
 def spent_passes(records: pd.DataFrame) -> pd.DataFrame:

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from harness.api._seeding import seeded
 from harness.errors import UsageError
+from harness.seeding import seeded
 
 DETERMINISM_RTOL = 1e-4  # relative difference two identical passes may show (non-deterministic GPU kernels)
 

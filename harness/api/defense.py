@@ -86,7 +86,7 @@ class Defense(nn.Module):
             (``joint-rec``), e.g. a mask's strength; default: the purifier's ``auxiliary_losses``.
             Compute it through the defense's networks (``classifier(...)``) so its passes are counted.
         purifier_networks: the purifier's networks whose passes are counted (budget accounting,
-            ``harness.api.passes``); default: the purifier's direct child modules that have parameters
+            ``harness.passes``); default: the purifier's direct child modules that have parameters
             (e.g. the MAE inside AMRM-Pure), else the purifier itself.
         name: human-readable name recorded in results.
         trained_on: the dataset the classifier was trained on, if known; a run on another

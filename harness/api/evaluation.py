@@ -11,10 +11,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from harness.api._seeding import seeded
 from harness.api._validation import check_logits
 from harness.api.defense import Defense
 from harness.api.losses import margin as margin_fn
+from harness.seeding import seeded
 from harness.stats.criteria import ALL, DEFAULT_DECIDE_BY, MAJORITY, MEAN, Criterion, get_criterion
 
 NONFINITE, TIED = -1, -2  # predictions without a single top class

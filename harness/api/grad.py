@@ -173,7 +173,7 @@ def unroll(step: StepFn, x0: Tensor, num_steps: int, *, method: Method = "checkp
         return out
     x = x0
     # no early stop: otherwise a segment's recomputation halts inside its last network call once the last saved
-    # tensor is rebuilt, and that recomputed pass escapes the pass counting (harness.api.passes); the setting is read
+    # tensor is rebuilt, and that recomputed pass escapes the pass counting (harness.passes); the setting is read
     # when each checkpoint is made
     with set_checkpoint_early_stop(False):
         for start in range(0, num_steps, segment):

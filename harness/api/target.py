@@ -1,5 +1,5 @@
 """What an attack sees of a defense: logits and gradients under a gradient mode, batched EOT,
-the passes its networks run (``harness.api.passes``), and witnesses of outputs that give no answer.
+the passes its networks run (``harness.passes``), and witnesses of outputs that give no answer.
 
 Attacks never call the defense directly; they call a :class:`Target`. That is how one
 attack implementation works unchanged for ``full``, ``bpda`` and ``surrogate`` gradients
@@ -28,8 +28,8 @@ from harness.api.defense import Defense
 from harness.api.evaluation import predictions
 from harness.api.gradmodes import GRAD_MODES, GradMode
 from harness.api.losses import LossFn
-from harness.api.passes import PassCount, counting
 from harness.api.threat import Threat
+from harness.passes import PassCount, counting
 
 __all__ = ["BIG", "PassCount", "Target", "Witnesses"]
 

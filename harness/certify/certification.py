@@ -23,13 +23,13 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from harness.api._seeding import derive_seed
 from harness.api.defense import Defense, create_defense
 from harness.certify.smoothing import Noise, certify
 from harness.config.run_config import load_toml
 from harness.errors import ConfigError
 from harness.progress import get_logger, progress_bar, shard_text
 from harness.run._acceleration import resolve_device
+from harness.seeding import derive_seed
 from harness.sources.catalog import select_indices
 from harness.sources.datasets import open_source
 from harness.sources.spec import parse_dataset
@@ -40,7 +40,7 @@ from harness.store.shards import ShardJob, each_shard
 from harness.store.status import completeness
 
 log = get_logger("certify")
-SEED_NOISE = 7  # seed purpose of the smoothing noise (harness.api._seeding)
+SEED_NOISE = 7  # seed purpose of the smoothing noise (harness.seeding)
 
 CERTIFY_SCHEMA = pa.schema([
     ("index", pa.int64()), ("label", pa.int64()), ("shard", pa.int64()), ("prediction", pa.int64()),

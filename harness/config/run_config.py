@@ -192,7 +192,7 @@ def entries(values: list[AttackSpec] | list[dict[str, Any]], where: str) -> list
 # The schema: each field's type is its RunConfig annotation; ranges and accepted strings are declared here.
 RULES: dict[str, Rule] = {
     "eps": Rule(low=0),
-    "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.api._seeding keeps the run seed's low 32 bits
+    "seed": Rule(low=0, high=2 ** 32 - 1),  # harness.seeding keeps the run seed's low 32 bits
     "sample_seed": Rule(low=0, high=2 ** 32 - 1),
     "n": Rule(low=1, choices=("all",)),
     "eot": Rule(low=1), "eval_repeats": Rule(low=1), "threads": Rule(low=1), "shard_size": Rule(low=1), "batch_size": Rule(low=1),

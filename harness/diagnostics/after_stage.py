@@ -35,13 +35,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.api._seeding import seeded
 from harness.api.flags import FlagCode, FlagRecord, StoredFlag
 from harness.diagnostics import escalation
 from harness.diagnostics.answer_checks import disagreement_flag, tie_flag
 from harness.diagnostics.check_table import checks
 from harness.diagnostics.evidence import Evidence, Flag, StageEvidence
 from harness.diagnostics.gradient_measures import carries_signal
+from harness.seeding import seeded
 
 DEAD_PROBE = 64  # failed samples on which a gradient mode must carry no signal before later stages skip it
 DEAD_CODES = frozenset({FlagCode.ZERO_GRAD, FlagCode.NONFINITE_GRAD})

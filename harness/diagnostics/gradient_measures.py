@@ -131,8 +131,8 @@ def taylor_agreement(target: "Target", x: Tensor, y: Tensor, *, step: float, nor
     where the loss stays put while the gradient says it should move). NaN where every predicted change is below
     :data:`TAYLOR_MEASURABLE`. Every evaluation runs under the same seed, so a random defense is compared with
     itself under the same draws (common random numbers)."""
-    from harness.api._seeding import seeded
     from harness.api.losses import margin
+    from harness.seeding import seeded
 
     one = target.with_options(eot=1)
     with seeded(seed, x.device):

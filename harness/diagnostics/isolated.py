@@ -44,13 +44,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.api._seeding import seeded
 from harness.api.defense import DEFENSES, Defense, create_defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.registry import absolute_spec, spec_file
 from harness.device.memory import halving, peak_bytes, release_memory
 from harness.errors import DoesNotFitError, HarnessError, SetupError, one_line
 from harness.progress import get_logger
+from harness.seeding import seeded
 from harness.store.rundata import VerifierSummary
 from harness.watch.guard import Guard, Seen
 

@@ -35,7 +35,6 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from harness.api._seeding import seeded
 from harness.api._validation import check_deterministic, check_logits, defense_name, output_difference
 from harness.api.defense import Defense
 from harness.api.evaluation import TIED, predictions
@@ -53,6 +52,7 @@ from harness.diagnostics.gradient_measures import (
     taylor_agreement,
 )
 from harness.errors import UsageError
+from harness.seeding import seeded
 
 Remote = Callable[[Tensor, int], Tensor]  # logits at points, drawn under a seed, by an instance in a new process
 RemoteInMode = Callable[[Tensor, int, str], Tensor]  # the same, given the module mode the instance is put in

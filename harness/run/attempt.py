@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.api._seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERIFY, derive_seed, seeded
 from harness.api.attack import Attack, AttackResult
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
@@ -27,6 +26,7 @@ from harness.config.attack_spec import AttackSpec
 from harness.config.precision import Autocast
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement, Verifier, combine, reanchor
+from harness.seeding import SEED_ATTACK, SEED_DEFENSE, SEED_EVAL, SEED_VERIFY, derive_seed, seeded
 
 
 def merge_results(parts: list[AttackResult], sizes: list[int]) -> AttackResult:

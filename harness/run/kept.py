@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.api._seeding import SEED_GALLERY, derive_seed, seeded
 from harness.api.defense import Defense
+from harness.seeding import SEED_GALLERY, derive_seed, seeded
 from harness.store.rundata import KeptInputs
 
 CLEAN = "clean"  # the key of the purifier's output on the clean images

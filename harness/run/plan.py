@@ -17,7 +17,6 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from harness.api._seeding import derive_seed
 from harness.api.attack import Attack
 from harness.api.defense import Defense
 from harness.api.threat import Threat, build_threat
@@ -26,6 +25,7 @@ from harness.battery.resolve import GradientProbe, Resolved, check_threat_kind, 
 from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig
 from harness.run.verdict import Verifier
+from harness.seeding import derive_seed
 from harness.stats.criteria import DEFAULT_DECIDE_BY
 
 

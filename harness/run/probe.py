@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from harness.api._seeding import SEED_PROBE, derive_seed
 from harness.api.flags import FlagCode, StoredFlag
 from harness.config.attack_spec import AttackSpec
 from harness.diagnostics import after_stage as diagnostics
@@ -36,6 +35,7 @@ from harness.run.kept import Kept
 from harness.run.plan import ShardBatch, StagePlan
 from harness.run.schedule import merge_per_sample, stage_extras
 from harness.run.stage import flag_dict, run_stage
+from harness.seeding import SEED_PROBE, derive_seed
 from harness.stats.intervals import clopper_pearson
 from harness.stats.scoring import attackable_after
 from harness.store.records import COLUMNS, PROBE_SKIP

@@ -20,7 +20,7 @@ from torch import Tensor
 from harness.api.attack import AttackResult
 from harness.api.continuation import Continuable
 from harness.api.evaluation import Evaluation
-from harness.api.passes import counting
+from harness.passes import counting
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verify
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.stage import StageOutcome, finish_stage

@@ -18,20 +18,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.api._seeding import SEED_ATTACK, SEED_EVAL, SEED_VERIFY
 from harness.api.attack import Attack, AttackBudget, AttackResult, perturbation_norms
 from harness.api.defense import Defense
 from harness.api.evaluation import Evaluation, evaluate
 from harness.api.flags import FlagCode, FlagRecord, StoredFlag
-from harness.api.passes import PassCount, counting
 from harness.api.target import Target
 from harness.api.threat import Threat, check_data_in_bounds
 from harness.config.attack_spec import AttackSpec
 from harness.diagnostics.evidence import Flag
 from harness.jsontypes import JSONObject, JSONValue
+from harness.passes import PassCount, counting
 from harness.run.attempt import Judged, StageSetup, attack_chunks, judge, setup_stage, verified, verify
 from harness.run.plan import RunContext, ShardBatch, StagePlan
 from harness.run.verdict import Agreement
+from harness.seeding import SEED_ATTACK, SEED_EVAL, SEED_VERIFY
 from harness.stats.plateau import PlateauMark
 from harness.store.records import MISSING, NULLABLE, Columns, not_attempted, null_where
 

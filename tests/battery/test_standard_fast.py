@@ -71,7 +71,7 @@ def test_malt_attacks_the_nearest_boundaries_of_a_linear_model(norm, dual):
 
 
 def test_malt_costs_one_gradient_per_candidate_and_autoattack_order_is_unchanged():
-    from harness.api.passes import counting
+    from harness.passes import counting
     defense = Defense(nn.Sequential(nn.Flatten(), _linear()), None, num_classes=6, name="linear").eval()
     x = torch.rand(4, *SHAPE, generator=torch.Generator().manual_seed(2))
     y = defense(x).argmax(1)

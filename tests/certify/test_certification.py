@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import TinyCNN
-from harness.api._seeding import derive_seed
 from harness.api.defense import Defense
 from harness.certify.certification import CertifyConfig, latency, run_certify
 from harness.certify.smoothing import Noise, certify
 from harness.cli import main
+from harness.seeding import derive_seed
 from harness.store.rundir import RunFormatError, load_config, load_records
 from harness.store.status import completeness
 

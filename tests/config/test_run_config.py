@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-from harness.api._seeding import derive_seed
 from harness.battery.preset_catalog import list_presets
 from harness.battery.presets import resolve_battery
 from harness.config.attack_spec import AttackSpec
 from harness.config.run_config import RunConfig, config_from_mapping, merge, parse_key_values, read_config, write_config
+from harness.seeding import derive_seed
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):

@@ -15,7 +15,6 @@ from torch import nn
 pytest.importorskip("diffusers")
 
 from conftest import TinyCNN, synthetic_images  # noqa: E402
-from harness.api._seeding import derive_seed  # noqa: E402
 from harness.api.defense import SmoothingNoise, create_defense  # noqa: E402
 from harness.certify.certification import CertifyConfig, run_certify  # noqa: E402
 from harness.certify.smoothing import Noise, certify  # noqa: E402
@@ -31,6 +30,7 @@ from harness.defenses.diffusion_smoothing import (  # noqa: E402
     timestep_for_sigma,
 )
 from harness.errors import ConfigError, UsageError  # noqa: E402
+from harness.seeding import derive_seed  # noqa: E402
 from harness.store.rundir import load_records  # noqa: E402
 
 TINY = unet_config((8, 8), layers_per_block=1, norm_groups=4, head_dim=8, sample_size=8)

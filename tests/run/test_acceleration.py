@@ -8,8 +8,8 @@ import torch
 import harness.run.runner as runner
 from conftest import TinyCNN
 from harness.api.defense import Defense
-from harness.api.passes import PassCount, counting
 from harness.config.run_config import RunConfig
+from harness.passes import PassCount, counting
 from harness.run._acceleration import _Compiled, accelerate, as_input
 from harness.store.rundir import load_records
 

@@ -9,9 +9,9 @@ from torch import Tensor, nn
 
 from conftest import clean_single, run_single_stage
 from harness.api.defense import Defense
-from harness.api.passes import COUNTS, PassCount, counting
 from harness.api.target import Target
 from harness.config.attack_spec import AttackSpec
+from harness.passes import COUNTS, PassCount, counting
 from helpers_attacks import NUM_CLASSES, attack_batch, tiny_cnn
 from hostile_zoo import ZOO_OPTIONS, builtin_attacks
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from harness.api.attack import AttackBudget
-from harness.api.passes import COUNTS
+from harness.passes import COUNTS
 from harness.store.records import (
     BUDGET_COLUMNS,
     COLUMNS,
