@@ -6,10 +6,11 @@ typed data and a file of another shape is refused at the store's edge, naming th
 The shapes are the files' as written since run format 1; keys a file may lack (older runs, runs without a verifier,
 runs that never stopped early) are optional.
 """
+import functools
 import json
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Hashable, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from typing_extensions import NotRequired, Required, TypedDict
 
@@ -247,11 +248,17 @@ def checked(data: object, shape: type[Shape], source: str) -> Shape:
     if missing:
         raise RunFormatError(f"{source!r} lacks {', '.join(map(repr, missing))}; rerun the run's command into another "
                              "--run-id or --out")
-    for key, hint in get_type_hints(shape).items():
+    for key, hint in _hints(cast(Hashable, shape)).items():
         if key in data and not _holds(data[key], hint):
             raise RunFormatError(f"{source!r}: {key!r} must be {_kind_text(hint)}, got {type(data[key]).__name__} "
                                  f"{data[key]!r:.60}")
     return cast(Shape, data)
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(shape: Hashable) -> dict[str, Any]:
+    """A shape's declared keys and types, resolved once per shape (the shapes are this module's classes)."""
+    return get_type_hints(shape)
 
 
 def _kinds(hint: Any) -> tuple[type, ...]:
