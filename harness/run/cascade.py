@@ -37,7 +37,7 @@ from harness.store.partial import (
     save_partial,
 )
 from harness.store.records import COLUMNS, Columns
-from harness.store.rundata import KeptInputs, ShardSide, StageParts, checked, new_side
+from harness.store.rundata import KeptInputs, ShardSide, StageParts, checked, json_text, new_side
 
 log = get_logger("runner")
 
@@ -158,7 +158,7 @@ def _save(host: ShardHost, work: ShardWork, state: ShardState, key: PartialKey, 
           rung: RungSnapshot | None = None) -> None:
     save_partial(host.store.records_dir, work.shard, key, {
         "done": done, "frames": frame_bytes(pd.concat(state.frames, ignore_index=True)),
-        "side": json.dumps(state.side), "robust": state.robust.cpu(), "dead": list(state.dead) if state.dead else None,
+        "side": json_text(state.side, indent=None), "robust": state.robust.cpu(), "dead": list(state.dead) if state.dead else None,
         "adv": state.adv.stored if state.adv is not None else None, "rung": rung})
 
 

@@ -214,10 +214,6 @@ def flag_dict(flag: Flag | Mapping[str, object], outcome: StageOutcome) -> FlagR
 
 
 def _stored_value(value: object) -> JSONValue:
-    """A flag's measured value as stored: a number as a float, text, a list or a mapping as it is, anything else as
-    its text."""
-    if isinstance(value, (int, float, np.floating)):
-        return float(value)
-    if value is None or isinstance(value, (str, list, dict)):
-        return cast(JSONValue, value)  # json writes their items (numpy and torch scalars by their value)
-    return str(value)
+    """A flag's measured value as stored: a number as a float, anything else as it is, which the run directory's JSON
+    writer (:func:`harness.store.rundata.json_text`) writes by its value (tensors and arrays as lists)."""
+    return float(value) if isinstance(value, (int, float, np.floating)) else cast(JSONValue, value)

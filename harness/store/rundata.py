@@ -213,9 +213,15 @@ class Provenance(RunInfo, total=False):
 
 
 # -- writing and reading them ------------------------------------------------------------------------------
+def json_text(obj: object, *, indent: int | None = 2) -> str:
+    """``obj`` as JSON text: numpy and torch scalars and arrays by their values, anything else JSON has no value for
+    by its text."""
+    return json.dumps(obj, indent=indent, default=_json_default)
+
+
 def write_json(path: Path, obj: object) -> None:
-    """Write ``obj`` as the JSON file ``path``, atomically (numpy and torch scalars and arrays by their values)."""
-    atomic.write_text(path, json.dumps(obj, indent=2, default=_json_default))
+    """Write ``obj`` as the JSON file ``path`` (:func:`json_text`), atomically."""
+    atomic.write_text(path, json_text(obj))
 
 
 def _json_default(obj: Any) -> object:
@@ -290,4 +296,4 @@ def _kind_text(hint: Any) -> str:
 
 __all__ = ["AttackTally", "BatchSizeEntry", "ForcedResume", "Hardware", "KeptInputs", "PerSample", "ProbeInfo", "Provenance",
            "RunFlag", "RunFormatError", "RunInfo", "RungSummary", "SequentialStop", "Session", "ShardSide", "StageExtras", "StageParts",
-           "VerifierSummary", "checked", "new_side", "read_json", "write_json"]
+           "VerifierSummary", "checked", "json_text", "new_side", "read_json", "write_json"]
