@@ -1,6 +1,8 @@
 """Applying a :class:`~harness.sources.spec.Preprocess` and stacking decoded images into the batch the defense
 receives (float NCHW in [0, 1]). An 8-bit image goes through PIL, as torchvision's ``Resize``/``CenterCrop`` on
-an ``ImageFolder`` (and RobustBench's ImageNet loader) do; float images are resized as tensors (antialiased)."""
+an ``ImageFolder`` (and RobustBench's ImageNet loader) do; float images are resized as tensors (antialiased).
+torchvision is imported only when an image is resized or cropped: importing it costs a process about 1.5 s (it
+brings in ``torch._dynamo``), which every ``harness`` command would pay otherwise."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,8 +11,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as F
 
 from harness.errors import DataError
 from harness.sources.spec import Preprocess
@@ -26,6 +26,9 @@ def _check_crop(size: tuple[int, int], pre: Preprocess, what: str) -> None:
 
 def apply_pil(image: Image.Image, pre: Preprocess, what: str) -> np.ndarray:
     """``image`` resized and cropped by ``pre``, as an HWC uint8 array (HW1 for a one-channel image)."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as F
+
     if pre.resize is not None:
         image = F.resize(image, pre.resize, interpolation=InterpolationMode(pre.interpolation))
     _check_crop((image.height, image.width), pre, what)
@@ -37,6 +40,9 @@ def apply_pil(image: Image.Image, pre: Preprocess, what: str) -> np.ndarray:
 
 def apply_tensor(x: Tensor, pre: Preprocess) -> Tensor:
     """A float NCHW batch in [0, 1] resized (antialiased) and cropped by ``pre``, still in [0, 1]."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as F
+
     if pre.resize is not None:
         x = F.resize(x, pre.resize, interpolation=InterpolationMode(pre.interpolation), antialias=True).clamp_(0, 1)
     _check_crop((x.shape[-2], x.shape[-1]), pre, "an image")

@@ -59,3 +59,30 @@ def test_more_draws_than_the_search_reads_as_a_reseed():
     assert continues(before, MTState(gen.state["state"]["key"], WORDS), max_blocks=4)
     assert not continues(before, MTState(gen.state["state"]["key"], WORDS), max_blocks=3)
     assert MAX_BLOCKS * WORDS > 20_000_000
+
+
+def test_a_generator_reseeded_in_every_call_is_searched_once(monkeypatch):
+    """A defense that calls ``np.random.seed(0)`` in every forward pass has the guard ask the same question after
+    every call (the same key put back before, the same key after): each call still finds the reseed and puts the
+    state back, but only the first pays for the search (about 60 ms a call otherwise)."""
+    from harness.watch.process_state import Snapshot
+
+    searches = []
+    real = np.random.MT19937
+
+    def counted(*args):
+        searches.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(np.random, "MT19937", counted)
+    saved = np.random.get_state()
+    np.random.seed(20261207)  # a state no other test's search started from
+    try:
+        for _ in range(5):
+            before = Snapshot.take()
+            np.random.seed(0)
+            np.random.random_sample(3)
+            assert before.restore_changed() == ["numpy's global RNG"]
+    finally:
+        np.random.set_state(saved)
+    assert len(searches) == 1
