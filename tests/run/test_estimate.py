@@ -45,9 +45,10 @@ def test_every_attack_attempts_every_sample(tiny_data_root, tmp_path):
 
 
 def test_cli_estimate_prints_and_exits(tiny_data_root, tmp_path, capsys):
+    # without escalations (timing them takes seconds): test_estimate_includes_the_escalations_the_diagnostics_add
     assert main(["run", "--defense", "none", "--data-root", str(tiny_data_root), "--out", str(tmp_path / "o"),
                  "--n", "8", "--attacks", "pgd", "--attack-opt", "steps=1", "--device", "cpu", "--quiet",
-                 "--estimate"]) == 0
+                 "--no-escalate", "--estimate"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Estimate for 8 samples") and "| pgd |" in out and not (tmp_path / "o").exists()
 
