@@ -3,7 +3,7 @@
 #            images, side by side (half the cores each; at-small's progress in $(DEMO_OUT)/demo-at-small.log),
 #            print their table and paired comparison, then the same for all 10,000 test images from the shipped
 #            per-sample records in results/cifar10-linf.
-# make test: create .venv if missing, run the linters (ruff, import-linter's contracts, mypy on harness/api and harness/stats) and the test suite
+# make test: create .venv if missing, run the linters (ruff, import-linter's contracts, mypy on the rooms pyproject.toml lists) and the test suite
 #            (pytest-xdist: one worker per core; the tests marked xdist_group(NAME) in one worker).
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 # the package alone (what `make demo` needs), then its test extras (Ray, diffusers, the linters: `make test`)
 STAMP := $(VENV)/.harness-installed
 TEST_STAMP := $(VENV)/.harness-test-installed
-# samples per demo run: sized to finish in about 5 minutes on 2 CPU cores, installing included (see README)
+# samples per demo run: sized to finish in about 4 minutes on 2 CPU cores, installing included (see README)
 DEMO_N ?= 500
 DEMO_OUT ?= runs
 # the two evaluations run side by side, each on half the cores: two small CNNs use two processes better than one
